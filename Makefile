@@ -1,0 +1,37 @@
+# Two commands do all the set-up from a fresh clone:
+#   make lab   - virtualenv + pinned dependencies + helpers, then JupyterLab on notebooks/ (127.0.0.1)
+#   make test  - the same set-up, then the whole suite (strict nbval over notebooks/ plus tests/)
+#   make record NOTEBOOK=...  - re-run a notebook top to bottom and keep its outputs
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Re-install only when the pins change.
+STAMP := $(VENV)/.installed-stamp
+LAB_PORT ?= 8888
+# JupyterLab refuses to run as root (as in containers) unless told to.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: install lab test record clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c 'import sys; assert (3, 10) <= sys.version_info[:2] < (3, 14), \
+		f"Python {sys.version.split()[0]} is not supported: use 3.10-3.13 (make PYTHON=python3.11 ...)"'
+	$(BIN)/python -m pip install --disable-pip-version-check -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lab: install
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Re-record a notebook's committed outputs: one top-to-bottom run, in the current (full) mode.
+record: install
+	@test -n "$(NOTEBOOK)" || (echo "usage: make record NOTEBOOK=notebooks/NN_topic.ipynb" && exit 2)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=-1 $(NOTEBOOK)
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,78 @@
+"""`setup()`: the one line at the top of every notebook."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import helpers
+from helpers.config import CourseConfig, load_config, load_dotenv_file
+
+#: The dashboard (and the Jobs API behind it) listens on loopback only.
+DASHBOARD_HOST = "127.0.0.1"
+#: The dashboard address of the Ray this kernel started or joined, kept for re-runs of setup().
+_dashboard_url: str | None = None
+
+
+def runtime_env(cfg: CourseConfig) -> dict:
+    """The Ray runtime environment every worker gets: the `helpers` package and the course settings.
+
+    `py_modules` uploads `helpers` so it imports on every node of a real cluster;
+    a `sys.path` tweak would only reach the driver.
+    """
+    return {"py_modules": [str(Path(helpers.__file__).parent)], "env_vars": cfg.as_env()}
+
+
+def start_ray(cfg: CourseConfig) -> float:
+    """Start an embedded local Ray (or connect to `RAY_ADDRESS`); return the seconds it took."""
+    import ray
+
+    global _dashboard_url
+
+    local = {} if cfg.ray_address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
+    started = time.perf_counter()
+    # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
+    context = ray.init(address=cfg.ray_address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
+    _dashboard_url = context.dashboard_url or None
+    # From here on, Ray's warnings (not its info chatter) reach the notebook.
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    return time.perf_counter() - started
+
+
+def setup() -> CourseConfig:
+    """Load `.env` and the configuration, start or reuse Ray, print the effective settings.
+
+    Safe to re-run in the same kernel: a running Ray is reused, not started twice.
+    """
+    import ray
+    import torch
+
+    dotenv = load_dotenv_file()
+    cfg = load_config()
+    if ray.is_initialized():
+        how = "already running in this kernel: reused"
+    else:
+        seconds = start_ray(cfg)
+        how = f"connected to {cfg.ray_address}" if cfg.ray_address else "started a local Ray"
+        how += f" in {seconds:.1f} s"
+    resources = ray.cluster_resources()
+    cfg = cfg.with_gpu(resources.get("GPU", 0) > 0)
+    rows = {
+        "mode": f"{cfg.mode}" + ("  (tiny runs: COURSE_SMOKE_TEST=1)" if cfg.smoke_test else "  (the lesson's real size)"),
+        "device": "cuda (GPU)" if cfg.use_gpu else "cpu",
+        "data dir": str(cfg.data_dir),
+        "storage path": str(cfg.storage_path),
+        "num_workers": str(cfg.num_workers),
+        ".env": str(dotenv) if dotenv else "none found (environment and defaults)",
+        "Ray": f"{ray.__version__}, {how}",
+        "cluster": f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs, "
+        f"{len(ray.nodes())} node(s)",
+        "dashboard": f"http://{_dashboard_url}" if _dashboard_url else "not running",
+        "token auth": "on" if os.environ.get("RAY_AUTH_MODE") == "token" else "OFF (see RAY_AUTH_MODE)",
+        "torch": torch.__version__,
+    }
+    width = max(map(len, rows))
+    print("\n".join(f"{key:<{width}} : {value}" for key, value in rows.items()))
+    return cfg

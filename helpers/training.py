@@ -1,0 +1,39 @@
+"""Small training utilities every lesson reuses: seeding and evaluation."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch so a run can be repeated."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str) -> dict[str, float]:
+    """Mean cross-entropy loss and accuracy of `model` over every batch of `loader`."""
+    model.eval()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    total_loss, correct, count = 0.0, 0, 0
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        logits = model(images)
+        total_loss += loss_fn(logits, labels).item()
+        correct += (logits.argmax(dim=1) == labels).sum().item()
+        count += labels.numel()
+    return {"loss": total_loss / count, "accuracy": correct / count}
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Predicted class of each image in a batch."""
+    model.eval()
+    return model(images.to(device)).argmax(dim=1).cpu()
