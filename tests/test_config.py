@@ -1,0 +1,124 @@
+"""helpers.config: parsing, validation errors, .env loading."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from helpers import config as config_module
+from helpers.config import REPO_ROOT, ConfigError, load_config, load_dotenv_file
+
+
+def test_defaults_without_any_variable(tmp_path, monkeypatch):
+    monkeypatch.setattr(config_module, "CLUSTER_STORAGE", tmp_path / "absent")
+    cfg = load_config({})
+    assert cfg.smoke_test is False and cfg.mode == "full"
+    assert cfg.data_dir == REPO_ROOT / "data"
+    assert cfg.storage_path == REPO_ROOT / "runs"
+    assert cfg.num_workers == 2
+    assert cfg.use_gpu == "auto"
+    assert cfg.ray_address is None
+
+
+def test_storage_defaults_to_cluster_storage_when_mounted(tmp_path, monkeypatch):
+    monkeypatch.setattr(config_module, "CLUSTER_STORAGE", tmp_path)
+    assert load_config({}).storage_path == tmp_path / "ray-train-course"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1", True), ("true", True), ("YES", True), ("on", True),
+                                               ("0", False), ("False", False), ("no", False), ("", False)])
+def test_smoke_test_values(raw, expected):
+    cfg = load_config({"COURSE_SMOKE_TEST": raw})
+    assert cfg.smoke_test is expected
+    assert cfg.mode == ("smoke" if expected else "full")
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("auto", "auto"), ("", "auto"), ("1", True), ("true", True),
+                                               ("0", False), ("off", False)])
+def test_use_gpu_values(raw, expected):
+    assert load_config({"COURSE_USE_GPU": raw}).use_gpu == expected
+
+
+def test_explicit_values_and_relative_paths(tmp_path):
+    cfg = load_config({
+        "COURSE_DATA_DIR": str(tmp_path / "datasets"),
+        "COURSE_STORAGE_PATH": "some/runs",
+        "COURSE_NUM_WORKERS": " 4 ",
+        "RAY_ADDRESS": "ray://head:10001",
+    })
+    assert cfg.data_dir == tmp_path / "datasets"
+    assert cfg.storage_path == REPO_ROOT / "some" / "runs"  # relative to the repository, not the cwd
+    assert cfg.num_workers == 4
+    assert cfg.ray_address == "ray://head:10001"
+
+
+@pytest.mark.parametrize(("name", "raw", "accepted"), [
+    ("COURSE_SMOKE_TEST", "maybe", "1, true, yes, on, 0, false, no, off"),
+    ("COURSE_USE_GPU", "sometimes", "auto (detect), true/1 or false/0"),
+    ("COURSE_NUM_WORKERS", "two", "whole number >= 1"),
+    ("COURSE_NUM_WORKERS", "0", "whole number >= 1"),
+    ("COURSE_NUM_WORKERS", "-3", "whole number >= 1"),
+    ("COURSE_NUM_WORKERS", "1.5", "whole number >= 1"),
+])
+def test_malformed_values_name_the_variable_and_the_accepted_values(name, raw, accepted):
+    with pytest.raises(ConfigError) as error:
+        load_config({name: raw})
+    message = str(error.value)
+    assert name in message and repr(raw) in message and accepted in message
+
+
+def test_a_file_is_not_a_valid_folder(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="COURSE_DATA_DIR=.*names a file"):
+        load_config({"COURSE_DATA_DIR": str(a_file)})
+
+
+def test_config_is_frozen():
+    cfg = load_config({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.num_workers = 8  # type: ignore[misc]
+
+
+def test_gpu_resolution():
+    assert load_config({}).with_gpu(True).use_gpu is True
+    assert load_config({}).with_gpu(False).use_gpu is False
+    assert load_config({"COURSE_USE_GPU": "0"}).with_gpu(True).use_gpu is False
+    with pytest.raises(ConfigError, match="COURSE_USE_GPU=true but the Ray cluster has no GPU"):
+        load_config({"COURSE_USE_GPU": "1"}).with_gpu(False)
+
+
+def test_as_env_round_trips(tmp_path):
+    cfg = load_config({"COURSE_SMOKE_TEST": "1", "COURSE_DATA_DIR": str(tmp_path), "COURSE_NUM_WORKERS": "3",
+                       "COURSE_USE_GPU": "false"})
+    assert load_config(cfg.as_env()) == cfg
+    assert set(cfg.as_env()) == {"COURSE_SMOKE_TEST", "COURSE_DATA_DIR", "COURSE_STORAGE_PATH",
+                                 "COURSE_NUM_WORKERS", "COURSE_USE_GPU"}
+
+
+def test_dotenv_file_is_read_and_the_environment_wins(tmp_path, monkeypatch):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("COURSE_NUM_WORKERS=3\nCOURSE_SMOKE_TEST=1\n")
+    monkeypatch.delenv("COURSE_NUM_WORKERS", raising=False)
+    monkeypatch.setenv("COURSE_SMOKE_TEST", "0")
+    assert load_dotenv_file(dotenv) == dotenv
+    cfg = load_config()
+    assert cfg.num_workers == 3  # from .env
+    assert cfg.smoke_test is False  # the real environment variable wins over .env
+
+
+def test_dotenv_is_found_from_a_subfolder(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text("COURSE_NUM_WORKERS=5\n")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    monkeypatch.delenv("COURSE_NUM_WORKERS", raising=False)
+    assert load_dotenv_file() == tmp_path / ".env"
+    assert load_config().num_workers == 5
+
+
+def test_env_example_documents_every_variable():
+    documented = (REPO_ROOT / ".env.example").read_text()
+    for name in [*load_config({}).as_env(), "RAY_ADDRESS"]:
+        assert f"# {name}=" in documented, f"{name} is missing from .env.example"

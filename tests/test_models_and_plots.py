@@ -1,0 +1,70 @@
+"""helpers.models, helpers.plots and helpers.training on small inputs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers.models import resnet18_mnist
+from helpers.plots import predictions_grid, training_curves
+from helpers.training import evaluate, predict, seed_everything
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_resnet18_mnist_shapes(batch):
+    model = resnet18_mnist().eval()  # eval mode: batch norm accepts a batch of one
+    assert model.conv1.in_channels == 1
+    assert model(torch.zeros(batch, 1, 28, 28)).shape == (batch, 10)
+    assert sum(p.numel() for p in model.parameters()) == 11_175_370
+
+
+def test_resnet18_mnist_rejects_colour_images():
+    with pytest.raises(RuntimeError):
+        resnet18_mnist()(torch.zeros(1, 3, 28, 28))
+
+
+class _FixedClassifier(nn.Module):
+    """Predicts class 1 for positive inputs and class 0 otherwise."""
+
+    def forward(self, x):
+        positive = (x.flatten(1).sum(dim=1) > 0).float()
+        return torch.stack([1 - positive, positive], dim=1) * 10
+
+
+def test_evaluate_and_predict():
+    images = torch.tensor([[1.0], [2.0], [-1.0], [-3.0]])
+    labels = torch.tensor([1, 0, 0, 0])  # the second one is wrong
+    metrics = evaluate(_FixedClassifier(), DataLoader(TensorDataset(images, labels), batch_size=3), "cpu")
+    assert metrics["accuracy"] == pytest.approx(0.75)
+    assert metrics["loss"] > 0
+    assert predict(_FixedClassifier(), images).tolist() == [1, 1, 0, 0]
+
+
+def test_seed_everything_repeats_random_draws():
+    seed_everything(3)
+    first = torch.rand(3)
+    seed_everything(3)
+    assert torch.equal(first, torch.rand(3))
+
+
+def test_predictions_grid_marks_right_and_wrong():
+    fig = predictions_grid(torch.zeros(10, 1, 28, 28), labels=[1] * 10, predictions=[1] * 9 + [7], ncols=4)
+    assert isinstance(fig, Figure)
+    titled = [ax for ax in fig.axes if ax.get_title()]
+    assert len(fig.axes) == 12 and len(titled) == 10
+    assert titled[-1].get_title() == "7 (1)" and titled[-1].title.get_color() == "red"
+    assert titled[0].title.get_color() == "green"
+
+
+def test_training_curves_plots_losses_and_accuracies():
+    metrics = pd.DataFrame({"epoch": [0, 1], "train_loss": [1.0, 0.5], "test_loss": [1.1, 0.6],
+                            "test_acc": [0.8, 0.9], "epoch_s": [3.0, 3.0]})
+    fig = training_curves(metrics)
+    assert isinstance(fig, Figure)
+    loss_ax, acc_ax = fig.axes
+    assert [line.get_label() for line in loss_ax.lines] == ["train_loss", "test_loss"]
+    assert [line.get_label() for line in acc_ax.lines] == ["test_acc"]
