@@ -28,6 +28,7 @@ def predictions_grid(
         ax.set_title(f"{int(pred)} ({int(label)})", color="green" if int(pred) == int(label) else "red", fontsize=9)
     fig.suptitle(title)
     fig.tight_layout()
+    plt.close(fig)  # the notebook shows the returned figure once; pyplot need not keep it
     return fig
 
 
@@ -49,4 +50,5 @@ def training_curves(metrics: pd.DataFrame, x: str = "epoch") -> Figure:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.tight_layout()
+    plt.close(fig)
     return fig

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import time
 
+import matplotlib
 import psutil
 import pytest
 
-os.environ.setdefault("MPLBACKEND", "Agg")
+# Figures made by the unit tests render off-screen. (Not through MPLBACKEND: the notebooks'
+# kernels inherit the environment and must keep Jupyter's inline backend.)
+matplotlib.use("Agg")
 
 #: Command-line fragments of the processes the suite may start (Ray's head, kernels, JupyterLab).
 WATCHED = ("raylet", "gcs_server", "ipykernel_launcher", "jupyter-lab", "jupyterlab", "default_worker.py")
