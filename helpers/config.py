@@ -7,6 +7,7 @@ notebook runs unchanged on a CPU laptop, a GPU box and a Ray cluster.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ class CourseConfig:
     storage_path: Path
     num_workers: int
     use_gpu: bool | Literal["auto"]
+    accelerator_type: str | None
     ray_address: str | None
 
     @property
@@ -65,6 +67,7 @@ class CourseConfig:
             "COURSE_STORAGE_PATH": str(self.storage_path),
             "COURSE_NUM_WORKERS": str(self.num_workers),
             "COURSE_USE_GPU": gpu,
+            "COURSE_ACCELERATOR_TYPE": self.accelerator_type or "",
         }
 
 
@@ -104,6 +107,15 @@ def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _accelerator(environ: Mapping[str, str], name: str) -> str | None:
+    raw = environ.get(name, "").strip()
+    if raw == "":
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", raw):
+        raise ConfigError(f"{name}={environ[name]!r} is not valid: use an accelerator type such as T4, A10G or H100.")
+    return raw
+
+
 def _path(environ: Mapping[str, str], name: str, default: Path) -> Path:
     raw = environ.get(name, "").strip()
     if raw == "":
@@ -136,6 +148,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> CourseConfig:
         storage_path=_path(env, "COURSE_STORAGE_PATH", default_storage_path()),
         num_workers=_positive_int(env, "COURSE_NUM_WORKERS", default=2),
         use_gpu=_gpu(env, "COURSE_USE_GPU"),
+        accelerator_type=_accelerator(env, "COURSE_ACCELERATOR_TYPE"),
         ray_address=env.get("RAY_ADDRESS", "").strip() or None,
     )
 

@@ -42,3 +42,12 @@ def load_summary(storage_path: str | Path, lesson: str) -> dict | None:
     """A lesson's latest summary, or None when that lesson has not been run here yet."""
     path = summary_path(storage_path, lesson)
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def new_run_name(lesson: str) -> str:
+    """A Ray Train run name that is new each time: `<lesson>-run-<timestamp>`.
+
+    Ray Train resumes a run whose name already exists under the storage path, so a fresh
+    name keeps re-runs of a lesson from continuing (or mixing with) an earlier run.
+    """
+    return f"{lesson}-{datetime.now().strftime('run-%Y%m%d-%H%M%S-%f')}"

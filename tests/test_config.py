@@ -19,6 +19,7 @@ def test_defaults_without_any_variable(tmp_path, monkeypatch):
     assert cfg.storage_path == REPO_ROOT / "runs"
     assert cfg.num_workers == 2
     assert cfg.use_gpu == "auto"
+    assert cfg.accelerator_type is None
     assert cfg.ray_address is None
 
 
@@ -61,6 +62,7 @@ def test_explicit_values_and_relative_paths(tmp_path):
     ("COURSE_NUM_WORKERS", "0", "whole number >= 1"),
     ("COURSE_NUM_WORKERS", "-3", "whole number >= 1"),
     ("COURSE_NUM_WORKERS", "1.5", "whole number >= 1"),
+    ("COURSE_ACCELERATOR_TYPE", "T4; rm -rf", "accelerator type such as T4"),
 ])
 def test_malformed_values_name_the_variable_and_the_accepted_values(name, raw, accepted):
     with pytest.raises(ConfigError) as error:
@@ -95,7 +97,10 @@ def test_as_env_round_trips(tmp_path):
                        "COURSE_USE_GPU": "false"})
     assert load_config(cfg.as_env()) == cfg
     assert set(cfg.as_env()) == {"COURSE_SMOKE_TEST", "COURSE_DATA_DIR", "COURSE_STORAGE_PATH",
-                                 "COURSE_NUM_WORKERS", "COURSE_USE_GPU"}
+                                 "COURSE_NUM_WORKERS", "COURSE_USE_GPU", "COURSE_ACCELERATOR_TYPE"}
+    with_accelerator = load_config({"COURSE_ACCELERATOR_TYPE": "T4"})
+    assert with_accelerator.accelerator_type == "T4"
+    assert load_config(with_accelerator.as_env()) == with_accelerator
 
 
 def test_dotenv_file_is_read_and_the_environment_wins(tmp_path, monkeypatch):
