@@ -1,0 +1,123 @@
+"""Benchmarks the course reports, as commands (not tests):
+
+    python -m helpers.bench ddp [--steps 40]
+
+`ddp` measures, in one run on this machine: images/s of lesson 01's plain loop, of Ray Train with
+1 worker and with N workers (the machine's CPUs split between them, or one GPU each), and the time
+from `fit()` to the first training step of each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from helpers.config import load_config, load_dotenv_file
+from helpers.data import load_mnist
+from helpers.models import resnet18_mnist
+from helpers.training import seed_everything
+
+GLOBAL_BATCH_SIZE = 128
+
+
+def plain_loop_images_per_s(data_dir: str, steps: int, warmup: int = 5) -> float:
+    """Lesson 01's loop on this process's device: images/s over `steps` steps after `warmup`."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    seed_everything(0)
+    loader = DataLoader(load_mnist(data_dir, train=True), batch_size=GLOBAL_BATCH_SIZE, shuffle=True)
+    model = resnet18_mnist().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    batches = iter(loader)
+    for step in range(warmup + steps):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+        images, labels = next(batches)
+        images, labels = images.to(device), labels.to(device)
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return steps * GLOBAL_BATCH_SIZE / (time.perf_counter() - started)
+
+
+def ray_train_run(num_workers: int, steps: int, use_gpu: bool, data_dir: str, storage_path: str) -> dict:
+    """One Ray Train fit of lesson 02's loop: 2 epochs of `steps` steps; returns its timings."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from helpers.ddp import train_loop_per_worker
+    from helpers.runs import new_run_name
+
+    cpus = 1 if use_gpu else max(1, int(ray.cluster_resources()["CPU"]) // num_workers)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"num_epochs": 2, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0,
+                           "max_steps_per_epoch": steps, "data_dir": data_dir},
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                     resources_per_worker={"CPU": cpus, **({"GPU": 1} if use_gpu else {})}),
+        run_config=RunConfig(storage_path=storage_path, name=new_run_name(f"bench-ddp-{num_workers}w")),
+    )
+    fit_started = time.time()
+    result = trainer.fit()
+    fit_s = time.time() - fit_started
+    if result.error:
+        raise result.error
+    epochs = result.metrics_dataframe
+    return {
+        "images_per_s": float(epochs["images_per_s"].iloc[-1]),  # the second epoch: steady state
+        "fit_to_first_step_s": float(epochs["epoch_started_at"].iloc[0]) - fit_started,
+        "fit_s": fit_s,
+    }
+
+
+def bench_ddp(steps: int, num_workers: int) -> dict:
+    """Plain loop, then Ray Train with 1 and `num_workers` workers, in one process."""
+    load_dotenv_file()
+    cfg = load_config()
+    data_dir = str(cfg.data_dir)
+    report = {"steps_per_epoch": steps, "global_batch_size": GLOBAL_BATCH_SIZE}
+    report["plain_loop_images_per_s"] = plain_loop_images_per_s(data_dir, steps)
+
+    import ray
+
+    from helpers.cluster import start_autoscaling_coordinator
+    from helpers.session import start_ray
+
+    report["ray_init_s"] = start_ray(cfg)
+    start_autoscaling_coordinator()  # as lesson 02 does
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    try:
+        for workers in (1, num_workers):
+            report[f"ray_train_{workers}w"] = ray_train_run(workers, steps, use_gpu, data_dir, str(cfg.storage_path))
+    finally:
+        ray.shutdown()
+    plain = report["plain_loop_images_per_s"]
+    report["ratio_1w_to_plain"] = report["ray_train_1w"]["images_per_s"] / plain
+    report[f"ratio_{num_workers}w_to_plain"] = report[f"ray_train_{num_workers}w"]["images_per_s"] / plain
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m helpers.bench", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    ddp = commands.add_parser("ddp", help="plain loop vs Ray Train (1 and N workers), fit() to first step")
+    ddp.add_argument("--steps", type=int, default=40, help="measured steps per epoch (default 40)")
+    ddp.add_argument("--num-workers", type=int, default=2, help="the N of the N-worker run (default 2)")
+    args = parser.parse_args(argv)
+    report = bench_ddp(args.steps, args.num_workers)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Resource preflight: fail at once when a training run could never be scheduled.
+
+Ray keeps an unsatisfiable request pending (a node might join later), so `TorchTrainer.fit()`
+asking for 64 workers on a 2-CPU laptop, or for a GPU on a CPU-only cluster, waits forever.
+`check_resources` compares the request with the nodes that exist and says what to change.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ray
+from ray.train import ScalingConfig
+
+#: Ray's prefix for accelerator-type resources, e.g. "accelerator_type:T4".
+ACCELERATOR_PREFIX = "accelerator_type:"
+
+
+class ResourceRequestError(RuntimeError):
+    """The cluster can never satisfy what a ScalingConfig asks for."""
+
+
+def resources_per_worker(scaling_config: ScalingConfig) -> dict[str, float]:
+    """What one Ray Train worker reserves, by the same rules as Ray Train itself.
+
+    Default one CPU (one GPU and no CPU with `use_gpu=True`); `resources_per_worker`
+    replaces the default; `accelerator_type` adds a tiny amount of that accelerator's resource.
+    """
+    if scaling_config.resources_per_worker is None:
+        needs = {"GPU": 1.0} if scaling_config.use_gpu else {"CPU": 1.0}
+    else:
+        needs = {key: float(value) for key, value in scaling_config.resources_per_worker.items() if value}
+    if scaling_config.use_gpu:
+        needs.setdefault("GPU", 1.0)
+    if scaling_config.accelerator_type:
+        needs.setdefault(f"{ACCELERATOR_PREFIX}{scaling_config.accelerator_type}", 0.001)
+    return needs
+
+
+def _workers_that_fit(node: dict[str, float], needs: dict[str, float]) -> int:
+    return min(math.floor(node.get(key, 0.0) / amount + 1e-9) for key, amount in needs.items())
+
+
+def check_resources(scaling_config: ScalingConfig, nodes: list[dict[str, float]] | None = None) -> None:
+    """Raise ResourceRequestError unless the cluster's nodes can host every requested worker.
+
+    `nodes` are the total resources of each alive node (default: read from the running Ray).
+    A worker must fit on one node; workers are packed onto nodes the way Ray can place them.
+    """
+    if nodes is None:
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    needs = resources_per_worker(scaling_config)
+    num_workers = scaling_config.num_workers
+    fits = sum(_workers_that_fit(node, needs) for node in nodes)
+    if fits >= num_workers:
+        return
+    totals = {key: sum(node.get(key, 0.0) for node in nodes) for key in needs}
+    have = ", ".join(f"{totals[key]:g} {key}" for key in needs)
+    ask = ", ".join(f"{amount:g} {key}" for key, amount in needs.items())
+    hints = []
+    if fits:
+        hints.append(f"use at most {fits} workers (COURSE_NUM_WORKERS={fits})")
+    if "GPU" in needs and not totals["GPU"]:
+        hints.append("train on CPU (COURSE_USE_GPU=auto or false), or connect to a cluster with GPUs (RAY_ADDRESS)")
+    accelerators = [key for key in needs if key.startswith(ACCELERATOR_PREFIX)]
+    if accelerators and not all(totals[key] for key in accelerators):
+        hints.append("drop the accelerator type (unset COURSE_ACCELERATOR_TYPE) or pick one the cluster has")
+    if not hints:
+        hints.append("ask for fewer resources per worker, or add nodes to the cluster")
+    raise ResourceRequestError(
+        f"This run can never start: it asks for {num_workers} workers x ({ask}), "
+        f"and the cluster's {len(nodes)} node(s) have {have} in all, room for {fits} such worker(s).\n"
+        f"To fix it: {'; or '.join(hints)}."
+    )
+
+
+def start_autoscaling_coordinator() -> None:
+    """Start, without waiting, the actor Ray Train asks for resources on every `fit()`.
+
+    Ray Train (2.60) sends its resource request to a detached `AutoscalingCoordinator` actor and
+    waits 5 s for the answer. The first `fit()` in a Ray session also has to start that actor,
+    which takes longer than 5 s on a small machine: the request times out, logs a warning with a
+    traceback, and the run loses those seconds. Starting the actor ahead of time avoids both.
+    """
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    get_or_create_autoscaling_coordinator()

@@ -1,0 +1,67 @@
+"""Lesson 02's training loop: lesson 01's loop, data-parallel under Ray Train.
+
+Kept here once, so the notebook (which shows it) and `train_ray_ddp.py` run the same code.
+The numbered comments mark what changed from lesson 01's `train_single_device`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import ray.train
+import ray.train.torch
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from helpers.data import load_mnist
+from helpers.models import resnet18_mnist
+from helpers.training import evaluate, seed_everything
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Runs on every Ray Train worker; `config` is the trainer's `train_loop_config`."""
+    seed_everything(config["seed"])
+    context = ray.train.get_context()
+    world_size, rank = context.get_world_size(), context.get_world_rank()
+    batch_size_per_worker = config["global_batch_size"] // world_size  # [1] split the global batch
+
+    # Load data and build the model *inside* the function: every worker makes its own.
+    train_loader = DataLoader(load_mnist(config["data_dir"], train=True), batch_size=batch_size_per_worker, shuffle=True)
+    test_loader = DataLoader(load_mnist(config["data_dir"], train=False), batch_size=512)
+    train_loader = ray.train.torch.prepare_data_loader(train_loader)  # [2] shard + move batches to the device
+    test_loader = ray.train.torch.prepare_data_loader(test_loader, add_dist_sampler=False)  # every worker: all of it
+    model = ray.train.torch.prepare_model(resnet18_mnist())  # [3] move to the device, wrap in DDP
+    optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
+    loss_fn = nn.CrossEntropyLoss()
+
+    for epoch in range(config["num_epochs"]):
+        if world_size > 1:
+            train_loader.sampler.set_epoch(epoch)  # [4] a new shuffle every epoch
+        model.train()
+        started_at, total_loss, num_images = time.time(), 0.0, 0
+        for step, (images, labels) in enumerate(train_loader):  # [5] no .to(device): already there
+            if config["max_steps_per_epoch"] is not None and step >= config["max_steps_per_epoch"]:
+                break
+            optimizer.zero_grad()
+            loss = loss_fn(model(images), labels)
+            loss.backward()  # [6] DDP all-reduces the gradients here
+            optimizer.step()
+            total_loss += loss.item() * len(labels)
+            num_images += len(labels)
+        epoch_s = time.time() - started_at
+
+        plain_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        test = evaluate(plain_model, test_loader, ray.train.torch.get_device())  # no DDP: no collectives
+        metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": test["loss"],
+                   "test_acc": test["accuracy"], "epoch_s": epoch_s,
+                   "images_per_s": num_images * world_size / epoch_s,  # all workers' images
+                   "epoch_started_at": started_at}
+        with tempfile.TemporaryDirectory() as checkpoint_dir:
+            checkpoint = None
+            if rank == 0:  # [7] one copy of the weights is enough: rank 0 writes it
+                torch.save(plain_model.state_dict(), Path(checkpoint_dir) / "model.pt")
+                checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
+            ray.train.report(metrics, checkpoint=checkpoint)  # [8] every worker reports: it is a barrier
