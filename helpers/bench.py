@@ -1,16 +1,21 @@
 """Benchmarks the course reports, as commands (not tests):
 
-    python -m helpers.bench ddp [--steps 40]
+    python -m helpers.bench ddp [--steps 40] [--repeats 3]
 
 `ddp` measures, in one run on this machine: images/s of lesson 01's plain loop, of Ray Train with
 1 worker and with N workers (the machine's CPUs split between them, or one GPU each), and the time
 from `fit()` to the first training step of each run.
+
+Small shared machines are noisy (+-20% between two 40-step windows here), so each throughput is
+the median of `repeats` windows: the plain loop runs in this process *with Ray up*, as in the
+lessons, and each Ray Train run trains 1 + `repeats` epochs and drops the first (start-up).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -50,8 +55,12 @@ def plain_loop_images_per_s(data_dir: str, steps: int, warmup: int = 5) -> float
     return steps * GLOBAL_BATCH_SIZE / (time.perf_counter() - started)
 
 
-def ray_train_run(num_workers: int, steps: int, use_gpu: bool, data_dir: str, storage_path: str) -> dict:
-    """One Ray Train fit of lesson 02's loop: 2 epochs of `steps` steps; returns its timings."""
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, data_dir: str, storage_path: str) -> dict:
+    """One Ray Train fit of lesson 02's loop: 1 + `repeats` epochs of `steps` steps; its timings."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -62,7 +71,7 @@ def ray_train_run(num_workers: int, steps: int, use_gpu: bool, data_dir: str, st
     cpus = 1 if use_gpu else max(1, int(ray.cluster_resources()["CPU"]) // num_workers)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"num_epochs": 2, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0,
+        train_loop_config={"num_epochs": 1 + repeats, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0,
                            "max_steps_per_epoch": steps, "data_dir": data_dir},
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                      resources_per_worker={"CPU": cpus, **({"GPU": 1} if use_gpu else {})}),
@@ -75,36 +84,37 @@ def ray_train_run(num_workers: int, steps: int, use_gpu: bool, data_dir: str, st
         raise result.error
     epochs = result.metrics_dataframe
     return {
-        "images_per_s": float(epochs["images_per_s"].iloc[-1]),  # the second epoch: steady state
+        "images_per_s": _spread([float(x) for x in epochs["images_per_s"].iloc[1:]]),  # after start-up
         "fit_to_first_step_s": float(epochs["epoch_started_at"].iloc[0]) - fit_started,
         "fit_s": fit_s,
     }
 
 
-def bench_ddp(steps: int, num_workers: int) -> dict:
-    """Plain loop, then Ray Train with 1 and `num_workers` workers, in one process."""
-    load_dotenv_file()
-    cfg = load_config()
-    data_dir = str(cfg.data_dir)
-    report = {"steps_per_epoch": steps, "global_batch_size": GLOBAL_BATCH_SIZE}
-    report["plain_loop_images_per_s"] = plain_loop_images_per_s(data_dir, steps)
-
+def bench_ddp(steps: int, num_workers: int, repeats: int) -> dict:
+    """Plain loop, then Ray Train with 1 and `num_workers` workers, in one process with Ray up."""
     import ray
 
     from helpers.cluster import start_autoscaling_coordinator
     from helpers.session import start_ray
 
+    load_dotenv_file()
+    cfg = load_config()
+    data_dir = str(cfg.data_dir)
+    report = {"steps_per_window": steps, "repeats": repeats, "global_batch_size": GLOBAL_BATCH_SIZE}
     report["ray_init_s"] = start_ray(cfg)
     start_autoscaling_coordinator()  # as lesson 02 does
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     try:
+        plain = _spread([plain_loop_images_per_s(data_dir, steps) for _ in range(repeats)])
+        report["plain_loop_images_per_s"] = plain
         for workers in (1, num_workers):
-            report[f"ray_train_{workers}w"] = ray_train_run(workers, steps, use_gpu, data_dir, str(cfg.storage_path))
+            report[f"ray_train_{workers}w"] = ray_train_run(
+                workers, steps, repeats, use_gpu, data_dir, str(cfg.storage_path))
     finally:
         ray.shutdown()
-    plain = report["plain_loop_images_per_s"]
-    report["ratio_1w_to_plain"] = report["ray_train_1w"]["images_per_s"] / plain
-    report[f"ratio_{num_workers}w_to_plain"] = report[f"ray_train_{num_workers}w"]["images_per_s"] / plain
+    for workers in (1, num_workers):
+        ratio = report[f"ray_train_{workers}w"]["images_per_s"]["median"] / plain["median"]
+        report[f"ratio_{workers}w_to_plain"] = round(ratio, 3)
     return report
 
 
@@ -114,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     ddp = commands.add_parser("ddp", help="plain loop vs Ray Train (1 and N workers), fit() to first step")
     ddp.add_argument("--steps", type=int, default=40, help="measured steps per epoch (default 40)")
     ddp.add_argument("--num-workers", type=int, default=2, help="the N of the N-worker run (default 2)")
+    ddp.add_argument("--repeats", type=int, default=3, help="measured windows per figure (default 3)")
     args = parser.parse_args(argv)
-    report = bench_ddp(args.steps, args.num_workers)
+    report = bench_ddp(args.steps, args.num_workers, args.repeats)
     print(json.dumps(report, indent=2))
 
 

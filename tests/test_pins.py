@@ -42,3 +42,16 @@ def test_the_apis_the_lessons_teach_are_pinned_to_the_course_versions():
 
     assert (ray.__version__, torch.__version__.split("+")[0], torchvision.__version__.split("+")[0]) == (
         "2.60.0", "2.14.1", "0.29.1"), "the installed versions differ from the pins: run `make install`"
+
+
+def test_importing_ray_does_not_build_the_rfc3987_grammar():
+    # Every Ray worker process imports ray; with jsonschema >= 4.24 (plus JupyterLab's format extra)
+    # that import builds rfc3987-syntax's Lark grammar: +2.7 s per process on a 2-core machine.
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, ray; print(sorted(m for m in sys.modules if m.startswith(('rfc3987', 'lark'))))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert loaded == "[]", f"`import ray` loads {loaded}: is jsonschema pinned as in pyproject.toml?"
