@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import ray
+from ray.data.dataset import Dataset, MaterializedDataset
 from ray.train import ScalingConfig
 
 #: Ray's prefix for accelerator-type resources, e.g. "accelerator_type:T4".
@@ -71,6 +72,50 @@ def check_resources(scaling_config: ScalingConfig, nodes: list[dict[str, float]]
         f"This run can never start: it asks for {num_workers} workers x ({ask}), "
         f"and the cluster's {len(nodes)} node(s) have {have} in all, room for {fits} such worker(s).\n"
         f"To fix it: {'; or '.join(hints)}."
+    )
+
+
+def cpus_per_worker(num_workers: int, total_cpus: float, reserve_for_data: float = 0.0) -> float:
+    """Each CPU worker's share of the cluster's CPUs, after keeping `reserve_for_data` of them for Ray Data.
+
+    Whole CPUs, at least one (Ray sets the worker's torch threads to that number); a fraction only when
+    keeping CPUs for Ray Data leaves less than one each.
+    """
+    share = (total_cpus - reserve_for_data) / num_workers
+    if share >= 1 or not reserve_for_data:
+        return float(max(1, math.floor(share)))
+    return round(max(share, 0.1), 2)
+
+
+def check_data_resources(
+    scaling_config: ScalingConfig, datasets: dict[str, Dataset], nodes: list[dict[str, float]] | None = None
+) -> None:
+    """Raise ResourceRequestError when the training workers leave Ray Data no CPU for the datasets' work.
+
+    While training iterates a dataset, Ray Data runs its reads and maps as Ray tasks of 1 CPU each.
+    If the workers reserve every CPU, those tasks never start and `fit()` waits forever (Ray Data only
+    logs "The job may hang forever"). A materialized dataset has no work left, so it needs no CPU.
+    """
+    pending = sorted(name for name, dataset in datasets.items() if not isinstance(dataset, MaterializedDataset))
+    if not pending:
+        return
+    if nodes is None:
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    total_cpus = sum(node.get("CPU", 0.0) for node in nodes)
+    training_cpus = resources_per_worker(scaling_config).get("CPU", 0.0) * scaling_config.num_workers
+    if total_cpus - training_cpus >= 1:
+        return
+    workers = scaling_config.num_workers
+    hints = ["materialize() the datasets before fit() if they fit in memory (lesson 03 does)"]
+    if total_cpus > 1:
+        share = cpus_per_worker(workers, total_cpus, reserve_for_data=1)
+        hints.append(f"give each worker less CPU, resources_per_worker={{'CPU': {share:g}}}, to keep 1 CPU for Ray Data")
+    hints.append("or use fewer workers, or a bigger cluster")
+    raise ResourceRequestError(
+        f"Ray Data would never get a CPU: the {workers} training workers reserve {training_cpus:g} of the "
+        f"cluster's {total_cpus:g} CPUs, and the datasets {pending} still have reads and maps to run "
+        "(1 CPU per task) while training iterates them, so training would wait forever.\n"
+        f"To fix it: {'; '.join(hints)}."
     )
 
 

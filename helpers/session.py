@@ -36,8 +36,14 @@ def start_ray(cfg: CourseConfig) -> float:
     # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
     context = ray.init(address=cfg.ray_address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
     _dashboard_url = context.dashboard_url or None
-    # From here on, Ray's warnings (not its info chatter) reach the notebook.
+    # From here on, Ray's warnings (not its info chatter) reach the notebook. Ray Data has its own
+    # logger, and progress bars that change on every run: `ds.stats()` tells the same story after the fact.
+    import ray.data
+
     logging.getLogger("ray").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "Progress bars disabled" notice
+    ray.data.DataContext.get_current().enable_progress_bars = False
     return time.perf_counter() - started
 
 

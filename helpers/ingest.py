@@ -1,0 +1,159 @@
+"""Lesson 03's Ray Data ingest: MNIST as Parquet, preprocessing on the CPU pool, shards into training.
+
+Kept here once, so the notebook (which shows it) and `train_ray_ddp_with_ray_data.py` run the same
+code. The numbered comments in `train_loop_per_worker` mark what changed from lesson 02's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import ray
+import ray.data
+import ray.train
+import ray.train.torch
+import torch
+from ray.data.extensions import ArrowTensorArray
+from torch import nn
+
+from helpers.data import load_mnist, mnist_transform
+from helpers.models import resnet18_mnist
+from helpers.training import seed_everything
+
+#: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 25 steps of 128 images, 1000 to validate.
+SMOKE_ROWS = {"train": 3200, "valid": 1000}
+#: What `iter_torch_batches` turns each column into.
+DTYPES = {"image": torch.float32, "label": torch.int64}
+#: The seed's transform, built once per process (not once per row).
+_TRANSFORM = mnist_transform()
+
+
+def write_mnist_parquet(data_dir: str | Path, storage_path: str | Path, num_files: int = 8) -> Path:
+    """Write MNIST (uint8 images, int64 labels) as Parquet under `storage_path`, once; return the folder.
+
+    An existing copy is reused, never rewritten. Each split is written to a temporary folder and
+    renamed into place, so an interrupted write never leaves a half-written dataset behind.
+    """
+    root = Path(storage_path) / "datasets" / "mnist-parquet"
+    for split, train in (("train", True), ("test", False)):
+        target = root / split
+        if target.is_dir():
+            continue
+        mnist = load_mnist(data_dir, train=train)
+        table = pa.table({"image": ArrowTensorArray.from_numpy(mnist.data.numpy()),
+                          "label": mnist.targets.numpy().astype(np.int64)})
+        partial = root / f".{split}.partial-{uuid.uuid4().hex[:8]}"
+        # Ray Data warns "no available CPUs" when it starts while the previous write's tasks still hold
+        # theirs; it is a race between the two writes here, not a hang.
+        dataset_logger = logging.getLogger("ray.data.dataset")
+        level = dataset_logger.level
+        dataset_logger.setLevel(logging.ERROR)
+        try:
+            ray.data.from_arrow(table, override_num_blocks=num_files).write_parquet(str(partial))
+        finally:
+            dataset_logger.setLevel(level)
+        try:
+            os.rename(partial, target)  # atomic
+        except OSError:  # another process finished the same split first: keep its copy
+            shutil.rmtree(partial)
+    return root
+
+
+def transform_row(row: dict) -> dict:
+    """Per row: the seed's torchvision transform, one Python call per image."""
+    image = np.array(row["image"])  # a writable copy: Ray Data hands out read-only views of its buffers
+    row["image"] = _TRANSFORM(image).numpy()  # uint8 (28, 28) -> float32 (1, 28, 28) in [-1, 1]
+    return row
+
+
+def normalize_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per batch: the same arithmetic as `transform_row`, one NumPy expression for many images."""
+    images = batch["image"].astype(np.float32) / 255.0
+    batch["image"] = ((images - 0.5) / 0.5)[:, np.newaxis]  # (N, 28, 28) -> (N, 1, 28, 28)
+    return batch
+
+
+def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = None, materialize: bool = True) -> dict:
+    """The datasets lesson 03 hands to Ray Train: read the Parquet files, normalise, keep the result.
+
+    `max_rows` caps the rows of "train" and/or "valid" (smoke mode passes SMOKE_ROWS).
+    """
+    datasets = {}
+    for name, split in (("train", "train"), ("valid", "test")):
+        dataset = ray.data.read_parquet(str(Path(parquet_root) / split))  # [1] parallel read tasks
+        if max_rows and name in max_rows:
+            dataset = dataset.limit(max_rows[name])
+        dataset = dataset.map_batches(normalize_batch)  # [2] vectorised preprocessing, on the CPU pool
+        datasets[name] = dataset.materialize() if materialize else dataset  # [3] run once, keep in memory
+    return datasets
+
+
+@torch.no_grad()
+def evaluate_shard(model: nn.Module, shard, batch_size: int) -> dict[str, float]:
+    """Loss and accuracy over every worker's shard: each worker counts its own, then they add up."""
+    model.eval()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    device = ray.train.torch.get_device()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    for batch in shard.iter_torch_batches(batch_size=batch_size, dtypes=DTYPES, device=device):
+        logits = model(batch["image"])
+        totals += torch.tensor([loss_fn(logits, batch["label"]).item(),
+                                (logits.argmax(dim=1) == batch["label"]).sum().item(),
+                                len(batch["label"])], dtype=torch.float64, device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(totals)  # the sums over all shards, on every worker
+    loss_sum, correct, count = totals.tolist()
+    return {"loss": loss_sum / count, "accuracy": correct / count}
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Runs on every Ray Train worker: lesson 02's loop, fed by Ray Data shards instead of a DataLoader."""
+    seed_everything(config["seed"])
+    context = ray.train.get_context()
+    world_size, rank = context.get_world_size(), context.get_world_rank()
+    batch_size_per_worker = config["global_batch_size"] // world_size
+
+    train_shard = ray.train.get_dataset_shard("train")  # [1] this worker's part of the dataset
+    valid_shard = ray.train.get_dataset_shard("valid")
+    model = ray.train.torch.prepare_model(resnet18_mnist())  # as in lesson 02; no prepare_data_loader
+    optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
+    loss_fn = nn.CrossEntropyLoss()
+
+    for epoch in range(config["num_epochs"]):
+        model.train()
+        started_at, total_loss, num_images = time.time(), 0.0, 0
+        batches = train_shard.iter_torch_batches(  # [2] a new pass over the shard every epoch
+            batch_size=batch_size_per_worker,
+            dtypes=DTYPES,  # [3] NumPy columns -> torch tensors of these types
+            device=ray.train.torch.get_device(),  # [4] ... already on this worker's device
+            prefetch_batches=config["prefetch_batches"],  # [5] prepare the next batches while training
+            local_shuffle_buffer_size=config["shuffle_buffer"],  # [6] None, or shuffle within N rows
+        )
+        for batch in batches:
+            optimizer.zero_grad()
+            loss = loss_fn(model(batch["image"]), batch["label"])
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.item() * len(batch["label"])
+            num_images += len(batch["label"])
+        epoch_s = time.time() - started_at
+
+        plain_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        valid = evaluate_shard(plain_model, valid_shard, batch_size=512)  # [7] shards, then all-reduce
+        metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": valid["loss"],
+                   "test_acc": valid["accuracy"], "epoch_s": epoch_s,
+                   "images_per_s": num_images * world_size / epoch_s, "epoch_started_at": started_at}
+        with tempfile.TemporaryDirectory() as checkpoint_dir:
+            checkpoint = None
+            if rank == 0:  # as in lesson 02: rank 0 writes, every worker reports
+                torch.save(plain_model.state_dict(), Path(checkpoint_dir) / "model.pt")
+                checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
+            ray.train.report(metrics, checkpoint=checkpoint)
