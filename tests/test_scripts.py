@@ -10,11 +10,12 @@ import time
 from helpers.config import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "notebooks" / "train_ray_ddp.py"
+RAY_DATA_SCRIPT = REPO_ROOT / "notebooks" / "train_ray_ddp_with_ray_data.py"
 
 
-def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float, script=SCRIPT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO_ROOT)
 
 
@@ -33,3 +34,14 @@ def test_train_ray_ddp_refuses_an_impossible_request_with_the_courses_error(tmp_
     assert "error: This run can never start: it asks for 64 workers" in done.stderr
     assert "Traceback" not in done.stderr
     assert time.monotonic() - started < 120  # Ray's start-up included; the check itself is instant
+
+
+def test_ray_data_script_with_one_worker_per_cpu_trains_instead_of_hanging(tmp_path):
+    # Every CPU goes to a training worker: the seed's set-up that hangs Ray Data on a small laptop.
+    workers = str(os.cpu_count())
+    done = _run("--num-workers", workers, "--epochs", "1", "--smoke-test", "--storage-path", str(tmp_path),
+                timeout=600, script=RAY_DATA_SCRIPT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "test_acc=" in done.stdout
+    assert len(list(tmp_path.glob("train_ray_ddp_with_ray_data-run-*/checkpoint_*/model.pt"))) == 1
+    assert len(list(tmp_path.glob("datasets/mnist-parquet/train/*.parquet"))) == 8
