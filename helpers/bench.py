@@ -1,10 +1,16 @@
 """Benchmarks the course reports, as commands (not tests):
 
     python -m helpers.bench ddp [--steps 40] [--repeats 3]
+    python -m helpers.bench data [--rows 6400] [--epochs 2] [--rounds 2]
 
 `ddp` measures, in one run on this machine: images/s of lesson 01's plain loop, of Ray Train with
 1 worker and with N workers (the machine's CPUs split between them, or one GPU each), and the time
 from `fit()` to the first training step of each run.
+
+`data` measures, in one run: images/s of lesson 02's DataLoader-fed loop and of lesson 03's Ray Data-fed
+loop (the course default: preprocessed and materialized; and streaming, with one CPU kept for Ray Data),
+2 workers on the same rows, counted over whole epochs including each epoch's pipeline start-up; the
+DataLoader and materialized runs alternate `rounds` times (medians reported), streaming runs once.
 
 Small shared machines are noisy (+-20% between two 40-step windows here), so each throughput is
 the median of `repeats` windows: the plain loop runs in this process *with Ray up*, as in the
@@ -118,6 +124,72 @@ def bench_ddp(steps: int, num_workers: int, repeats: int) -> dict:
     return report
 
 
+def _whole_epochs_images_per_s(result) -> float:
+    """All images over all epochs' time: each epoch's start-up (iterator, pipeline) included."""
+    epochs = result.metrics_dataframe
+    return float((epochs["images_per_s"] * epochs["epoch_s"]).sum() / epochs["epoch_s"].sum())
+
+
+def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
+    """Lesson 02's DataLoader-fed loop vs lesson 03's Ray Data-fed loop, in one process with Ray up."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from helpers import ddp, ingest
+    from helpers.cluster import check_data_resources, cpus_per_worker, start_autoscaling_coordinator
+    from helpers.runs import new_run_name
+    from helpers.session import start_ray
+
+    load_dotenv_file()
+    cfg = load_config()
+    report = {"rows_per_epoch": rows, "epochs": epochs, "num_workers": num_workers,
+              "global_batch_size": GLOBAL_BATCH_SIZE, "ray_init_s": start_ray(cfg)}
+    start_autoscaling_coordinator()
+    total_cpus = ray.cluster_resources()["CPU"]
+    parquet_root = ingest.write_mnist_parquet(cfg.data_dir, cfg.storage_path)
+    common = {"num_epochs": epochs, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0}
+
+    def fit(name: str, loop, loop_config: dict, cpus: float, datasets: dict | None = None) -> float:
+        scaling = ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": cpus})
+        if datasets:
+            check_data_resources(scaling, datasets)
+        result = TorchTrainer(loop, train_loop_config={**common, **loop_config}, datasets=datasets,
+                              scaling_config=scaling,
+                              run_config=RunConfig(storage_path=str(cfg.storage_path), name=new_run_name(name))).fit()
+        if result.error:
+            raise result.error
+        return _whole_epochs_images_per_s(result)
+
+    whole_cpus = cpus_per_worker(num_workers, total_cpus)
+    ray_data = {"prefetch_batches": 1, "shuffle_buffer": None}  # lesson 03's defaults
+    dataloader, materialized = [], []
+    try:
+        started = time.perf_counter()
+        in_memory = ingest.mnist_datasets(parquet_root, {"train": rows})
+        report["materialize_s"] = time.perf_counter() - started
+        for _ in range(rounds):  # alternate, so that a slow spell of the machine hits both
+            dataloader.append(fit("bench-data-dataloader", ddp.train_loop_per_worker,
+                                  {"max_steps_per_epoch": rows // GLOBAL_BATCH_SIZE, "data_dir": str(cfg.data_dir)},
+                                  whole_cpus))
+            materialized.append(fit("bench-data-materialized", ingest.train_loop_per_worker, ray_data, whole_cpus,
+                                    in_memory))
+        del in_memory
+        streaming = ingest.mnist_datasets(parquet_root, {"train": rows}, materialize=False)
+        report["ray_data_streaming_images_per_s"] = fit(
+            "bench-data-streaming", ingest.train_loop_per_worker, ray_data,
+            cpus_per_worker(num_workers, total_cpus, reserve_for_data=1), streaming)
+    finally:
+        ray.shutdown()
+    report["dataloader_images_per_s"] = _spread(dataloader)
+    report["ray_data_materialized_images_per_s"] = _spread(materialized)
+    report["ratio_materialized_to_dataloader"] = round(
+        report["ray_data_materialized_images_per_s"]["median"] / report["dataloader_images_per_s"]["median"], 3)
+    report["ratio_streaming_to_dataloader"] = round(
+        report["ray_data_streaming_images_per_s"] / report["dataloader_images_per_s"]["median"], 3)
+    return report
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m helpers.bench", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -125,8 +197,16 @@ def main(argv: list[str] | None = None) -> None:
     ddp.add_argument("--steps", type=int, default=40, help="measured steps per epoch (default 40)")
     ddp.add_argument("--num-workers", type=int, default=2, help="the N of the N-worker run (default 2)")
     ddp.add_argument("--repeats", type=int, default=3, help="measured windows per figure (default 3)")
+    data = commands.add_parser("data", help="DataLoader-fed vs Ray Data-fed training, whole epochs")
+    data.add_argument("--rows", type=int, default=6400, help="training rows per epoch (default 6400)")
+    data.add_argument("--epochs", type=int, default=2, help="epochs per run (default 2)")
+    data.add_argument("--num-workers", type=int, default=2, help="Ray Train workers (default 2)")
+    data.add_argument("--rounds", type=int, default=2, help="DataLoader / Ray Data runs, alternated (default 2)")
     args = parser.parse_args(argv)
-    report = bench_ddp(args.steps, args.num_workers, args.repeats)
+    if args.command == "ddp":
+        report = bench_ddp(args.steps, args.num_workers, args.repeats)
+    else:
+        report = bench_data(args.rows, args.epochs, args.num_workers, args.rounds)
     print(json.dumps(report, indent=2))
 
 
