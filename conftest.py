@@ -1,12 +1,52 @@
-"""Suite-wide settings and a guard: the suite must not leave Ray, kernels or JupyterLab running."""
+"""Suite-wide pytest set-up (notebooks and tests/).
+
+- nbval compares each notebook cell's output with the committed one, except the log lines Ray forwards
+  from its other processes (workers, actors, the GCS): they arrive whenever those processes write them, in
+  whichever cell happens to be running, and carry pids and timestamps. The kernel's own output, warnings
+  and errors included, stays compared.
+- A guard: the suite must not leave Ray, kernels or JupyterLab running.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 
 import matplotlib
+import nbformat
 import psutil
 import pytest
+from nbval.plugin import IPyNbCell
+
+#: A line Ray forwarded from another process: "(RayTrainWorker pid=42, ip=10.0.0.2) ...", "(pid=gcs_server) ...",
+#: optionally in colour, or the note Ray prints under de-duplicated lines.
+RAY_LOG_LINE = re.compile(
+    r"^(\x1b\[[\d;]*m)?\((\w+ )?pid=\w+(, ip=[\w.:-]+)?\)"
+    r"|^\(Ray deduplicates logs by default\."
+)
+
+
+def drop_ray_log_lines(outputs: list) -> list:
+    """`outputs` without the lines Ray forwarded from other processes; a stream left empty is dropped."""
+    kept = []
+    for output in outputs:
+        if output.get("output_type") == "stream":
+            lines = [line for line in output["text"].splitlines(keepends=True) if not RAY_LOG_LINE.match(line)]
+            if not "".join(lines).strip():
+                continue
+            output = nbformat.from_dict({**output, "text": "".join(lines)})
+        kept.append(output)
+    return kept
+
+
+_compare_outputs = IPyNbCell.compare_outputs
+
+
+def _compare_outputs_without_ray_logs(self, test, ref, skip_compare=None):
+    return _compare_outputs(self, drop_ray_log_lines(test), drop_ray_log_lines(ref), skip_compare)
+
+
+IPyNbCell.compare_outputs = _compare_outputs_without_ray_logs
 
 # Figures made by the unit tests render off-screen. (Not through MPLBACKEND: the notebooks'
 # kernels inherit the environment and must keep Jupyter's inline backend.)
