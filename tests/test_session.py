@@ -8,13 +8,18 @@ import pytest
 import ray
 
 from helpers import load_config, setup
+from helpers.session import PREEMPTION_WATCHER_VAR
 
 
 @pytest.fixture(scope="module")
 def ray_setup():
     assert not ray.is_initialized()
+    saved = os.environ.pop(PREEMPTION_WATCHER_VAR, None)  # as on a fresh machine
     yield
     ray.shutdown()
+    os.environ.pop(PREEMPTION_WATCHER_VAR, None)
+    if saved is not None:
+        os.environ[PREEMPTION_WATCHER_VAR] = saved
 
 
 def test_setup_starts_ray_prints_the_settings_and_survives_a_rerun(ray_setup, capsys):
@@ -27,6 +32,8 @@ def test_setup_starts_ray_prints_the_settings_and_survives_a_rerun(ray_setup, ca
     assert "token auth   : on" in first
     assert cfg.use_gpu in (True, False), "setup() resolves use_gpu='auto' against the cluster"
     assert cfg.use_gpu == (ray.cluster_resources().get("GPU", 0) > 0)
+    # A local Ray is one machine: Ray Train's preemption watcher is off (every fit() reads this variable).
+    assert os.environ[PREEMPTION_WATCHER_VAR] == "0"
 
     again = setup()
     assert "already running in this kernel: reused" in capsys.readouterr().out
