@@ -19,10 +19,12 @@ import pytest
 from nbval.plugin import IPyNbCell
 
 #: A line Ray forwarded from another process: "(RayTrainWorker pid=42, ip=10.0.0.2) ...", "(pid=gcs_server) ...",
-#: optionally in colour, or the note Ray prints under de-duplicated lines.
+#: optionally in colour; the note Ray prints under de-duplicated lines; or a line of Ray's C++ core log
+#: ("[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: ..."), which the kernel's Ray client writes itself.
 RAY_LOG_LINE = re.compile(
     r"^(\x1b\[[\d;]*m)?\((\w+ )?pid=\w+(, ip=[\w.:-]+)?\)"
     r"|^\(Ray deduplicates logs by default\."
+    r"|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.cc:\d+: "
 )
 
 

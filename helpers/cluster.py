@@ -1,17 +1,24 @@
-"""Resource preflight: fail at once when a training run could never be scheduled.
+"""Preflight checks: fail at once when a training run could never be scheduled or could not keep its results.
 
 Ray keeps an unsatisfiable request pending (a node might join later), so `TorchTrainer.fit()`
 asking for 64 workers on a 2-CPU laptop, or for a GPU on a CPU-only cluster, waits forever.
-`check_resources` compares the request with the nodes that exist and says what to change.
+`check_resources` compares the request with the nodes that exist and says what to change;
+`check_data_resources` does the same for Ray Data beside the workers, and `check_storage_path`
+checks that the run's storage path is writable and shared by every node.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import uuid
+from pathlib import Path
 
 import ray
 from ray.data.dataset import Dataset, MaterializedDataset
 from ray.train import ScalingConfig
+
+from helpers.config import CourseConfig
 
 #: Ray's prefix for accelerator-type resources, e.g. "accelerator_type:T4".
 ACCELERATOR_PREFIX = "accelerator_type:"
@@ -19,6 +26,10 @@ ACCELERATOR_PREFIX = "accelerator_type:"
 
 class ResourceRequestError(RuntimeError):
     """The cluster can never satisfy what a ScalingConfig asks for."""
+
+
+class StoragePathError(RuntimeError):
+    """The storage path cannot hold a run's results: not writable here, or not shared by every node."""
 
 
 def resources_per_worker(scaling_config: ScalingConfig) -> dict[str, float]:
@@ -87,6 +98,26 @@ def cpus_per_worker(num_workers: int, total_cpus: float, reserve_for_data: float
     return round(max(share, 0.1), 2)
 
 
+def scaling_config(cfg: CourseConfig, num_workers: int | None = None, use_gpu: bool | None = None,
+                   reserve_for_data: float = 0.0) -> ScalingConfig:
+    """Lesson 02's ScalingConfig, from the course configuration (the arguments override it).
+
+    One GPU per worker, or the cluster's CPUs split between the workers after keeping `reserve_for_data`
+    of them for Ray Data; the accelerator type from COURSE_ACCELERATOR_TYPE.
+    """
+    num_workers = cfg.num_workers if num_workers is None else num_workers
+    use_gpu = cfg.use_gpu if use_gpu is None else use_gpu
+    if use_gpu == "auto":
+        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    cpus = 1 if use_gpu else cpus_per_worker(num_workers, ray.cluster_resources()["CPU"], reserve_for_data)
+    return ScalingConfig(
+        num_workers=num_workers,
+        use_gpu=use_gpu,
+        resources_per_worker={"CPU": cpus, **({"GPU": 1} if use_gpu else {})},
+        accelerator_type=cfg.accelerator_type,
+    )
+
+
 def check_data_resources(
     scaling_config: ScalingConfig, datasets: dict[str, Dataset], nodes: list[dict[str, float]] | None = None
 ) -> None:
@@ -132,3 +163,53 @@ def start_autoscaling_coordinator() -> None:
     )
 
     get_or_create_autoscaling_coordinator()
+
+
+#: Where to keep runs so every node of a cluster sees them (the README's advice).
+SHARED_STORAGE_HINT = "shared storage every node mounts (NFS, /mnt/cluster_storage on Anyscale)"
+
+
+@ray.remote(num_cpus=0)
+def _sees(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def _nodes_missing(probe: Path, timeout_s: float = 30.0) -> list[str]:
+    """The alive nodes on which `probe` does not exist (a task pinned to each node looks)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_ids = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    checks = [_sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(str(probe))
+              for node_id in node_ids]
+    return [node_id for node_id, seen in zip(node_ids, ray.get(checks, timeout=timeout_s)) if not seen]
+
+
+def check_storage_path(storage_path: str | Path) -> Path:
+    """Raise StoragePathError unless runs can be written to `storage_path` and every node sees it; return it.
+
+    Ray Train fails only after `fit()` has started its controller, with a pyarrow traceback, on a folder it
+    cannot create; and on a multi-node cluster a folder local to one machine breaks checkpointing later.
+    This writes a probe file (creating the folder) and has a task on every node look for it.
+    """
+    path = Path(storage_path)
+    probe = path / f".course-storage-check-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("written by helpers.cluster.check_storage_path\n")
+    except OSError as error:
+        raise StoragePathError(
+            f"Runs cannot be written to the storage path {path}: {error.strerror or error}.\n"
+            f"To fix it: set COURSE_STORAGE_PATH (or a script's --storage-path) to a folder you can write to; "
+            f"on a cluster, on {SHARED_STORAGE_HINT}."
+        ) from None
+    try:
+        missing = _nodes_missing(probe)
+    finally:
+        probe.unlink(missing_ok=True)
+    if missing:
+        raise StoragePathError(
+            f"The storage path {path} is local to this machine: {len(missing)} node(s) of the cluster do not see "
+            f"it ({', '.join(node[:8] for node in missing)}), so their checkpoints would be lost or unreadable.\n"
+            f"To fix it: set COURSE_STORAGE_PATH to {SHARED_STORAGE_HINT}."
+        )
+    return path

@@ -100,6 +100,9 @@ def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = N
 def evaluate_shard(model: nn.Module, shard, batch_size: int) -> dict[str, float]:
     """Loss and accuracy over every worker's shard: each worker counts its own, then they add up."""
     model.eval()
+    if torch.distributed.is_initialized():  # BatchNorm statistics drift apart between workers during training:
+        for buffer in model.buffers():  # evaluate rank 0's, the ones its checkpoint holds, on every worker
+            torch.distributed.broadcast(buffer, src=0)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     device = ray.train.torch.get_device()
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count

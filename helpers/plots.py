@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 
 def predictions_grid(
@@ -24,7 +26,7 @@ def predictions_grid(
     for ax in axes.flat:
         ax.axis("off")
     for ax, image, label, pred in zip(axes.flat, images, labels, predictions):
-        ax.imshow(torch.as_tensor(image).squeeze().cpu().numpy(), cmap="gray")
+        ax.imshow(image.squeeze().cpu().numpy() if torch.is_tensor(image) else np.squeeze(image), cmap="gray")
         ax.set_title(f"{int(pred)} ({int(label)})", color="green" if int(pred) == int(label) else "red", fontsize=9)
     fig.suptitle(title)
     fig.tight_layout()
@@ -44,11 +46,33 @@ def training_curves(metrics: pd.DataFrame, x: str = "epoch") -> Figure:
         elif "acc" in column:
             ax_acc.plot(metrics[x], metrics[column], marker="o", label=column)
     for ax, name in ((ax_loss, "loss"), (ax_acc, "accuracy")):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
         ax.set_xlabel(x)
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def confusion_matrix(labels: Sequence[int], predictions: Sequence[int], num_classes: int = 10) -> Figure:
+    """A confusion matrix: rows are the true classes, columns the predicted ones, each cell a count."""
+    pairs = torch.as_tensor(labels, dtype=torch.int64) * num_classes + torch.as_tensor(predictions, dtype=torch.int64)
+    counts = torch.bincount(pairs, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.imshow(counts.numpy(), cmap="Blues")
+    for row, col in torch.nonzero(counts).tolist():
+        count = counts[row, col].item()
+        ax.text(col, row, str(count), ha="center", va="center", fontsize=7,
+                color="white" if count > counts.max().item() / 2 else "black")
+    ax.set_xticks(range(num_classes))
+    ax.set_yticks(range(num_classes))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    accuracy = counts.diag().sum().item() / max(1, counts.sum().item())
+    ax.set_title(f"Confusion matrix ({counts.sum().item()} images, accuracy {accuracy:.2%})")
     fig.tight_layout()
     plt.close(fig)
     return fig

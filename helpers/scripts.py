@@ -1,4 +1,4 @@
-"""What the course's command-line training scripts share: flags, the ScalingConfig, the summary line."""
+"""What the course's command-line training scripts share: flags, the summary line, error handling."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import argparse
 from collections.abc import Callable
 
 import ray
-from ray.train import Result, ScalingConfig
+from ray.train import Result
 
-from helpers.cluster import ResourceRequestError, cpus_per_worker
-from helpers.config import ConfigError, CourseConfig, load_config, load_dotenv_file
+from helpers.cluster import ResourceRequestError, StoragePathError
+from helpers.config import ConfigError, load_config, load_dotenv_file
 from helpers.data import DataNotFoundError
 
 
@@ -29,17 +29,6 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     return args
 
 
-def scaling_config(args: argparse.Namespace, cfg: CourseConfig, reserve_for_data: float = 0.0) -> ScalingConfig:
-    """One GPU per worker, or the CPUs split between the workers (minus `reserve_for_data`)."""
-    cpus = 1 if args.use_gpu else cpus_per_worker(args.num_workers, ray.cluster_resources()["CPU"], reserve_for_data)
-    return ScalingConfig(
-        num_workers=args.num_workers,
-        use_gpu=args.use_gpu,
-        resources_per_worker={"CPU": cpus, **({"GPU": 1} if args.use_gpu else {})},
-        accelerator_type=cfg.accelerator_type,
-    )
-
-
 def print_result(result: Result) -> None:
     """Raise the run's error, or print its final metrics and checkpoint."""
     if result.error:
@@ -54,7 +43,7 @@ def run_script(main: Callable[[], object]) -> None:
     """Run a script's `main()`: the course's own errors as one line (no traceback); Ray shut down always."""
     try:
         main()
-    except (ConfigError, DataNotFoundError, ResourceRequestError) as error:
+    except (ConfigError, DataNotFoundError, ResourceRequestError, StoragePathError) as error:
         raise SystemExit(f"error: {error}") from None
     finally:
         ray.shutdown()

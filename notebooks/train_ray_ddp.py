@@ -11,11 +11,11 @@ from __future__ import annotations
 from ray.train import Result, RunConfig
 from ray.train.torch import TorchTrainer
 
-from helpers.cluster import check_resources, start_autoscaling_coordinator
+from helpers.cluster import check_resources, check_storage_path, scaling_config, start_autoscaling_coordinator
 from helpers.config import load_config
 from helpers.ddp import train_loop_per_worker
 from helpers.runs import new_run_name
-from helpers.scripts import parse_args, print_result, run_script, scaling_config
+from helpers.scripts import parse_args, print_result, run_script
 from helpers.session import start_ray
 
 
@@ -23,8 +23,9 @@ def main(argv: list[str] | None = None) -> Result:
     args = parse_args(__doc__.split("\n")[0], argv)
     cfg = load_config()
     start_ray(cfg)
-    scaling = scaling_config(args, cfg)
+    scaling = scaling_config(cfg, args.num_workers, args.use_gpu)
     check_resources(scaling)  # fail now, not after waiting forever for resources
+    check_storage_path(args.storage_path)  # ... or after starting Ray Train, on a folder it cannot write
     start_autoscaling_coordinator()  # saves the first fit() a 5 s time-out (see helpers.cluster)
     trainer = TorchTrainer(
         train_loop_per_worker,

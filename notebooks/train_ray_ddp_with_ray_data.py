@@ -11,11 +11,17 @@ from __future__ import annotations
 from ray.train import Result, RunConfig
 from ray.train.torch import TorchTrainer
 
-from helpers.cluster import check_data_resources, check_resources, start_autoscaling_coordinator
+from helpers.cluster import (
+    check_data_resources,
+    check_resources,
+    check_storage_path,
+    scaling_config,
+    start_autoscaling_coordinator,
+)
 from helpers.config import load_config
 from helpers.ingest import SMOKE_ROWS, mnist_datasets, train_loop_per_worker, write_mnist_parquet
 from helpers.runs import new_run_name
-from helpers.scripts import parse_args, print_result, run_script, scaling_config
+from helpers.scripts import parse_args, print_result, run_script
 from helpers.session import start_ray
 
 
@@ -23,8 +29,9 @@ def main(argv: list[str] | None = None) -> Result:
     args = parse_args(__doc__.split("\n")[0], argv)
     cfg = load_config()
     start_ray(cfg)
-    scaling = scaling_config(args, cfg)
+    scaling = scaling_config(cfg, args.num_workers, args.use_gpu)
     check_resources(scaling)
+    check_storage_path(args.storage_path)
     start_autoscaling_coordinator()
     parquet_root = write_mnist_parquet(cfg.data_dir, args.storage_path)  # once; later runs reuse it
     datasets = mnist_datasets(parquet_root, SMOKE_ROWS if args.smoke_test else None)  # preprocessed, in memory

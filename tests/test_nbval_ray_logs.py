@@ -16,6 +16,7 @@ def test_lines_forwarded_by_ray_are_dropped_and_empty_streams_go():
         "\x1b[36m(pid=gcs_server)\x1b[0m [2026-11-22 06:46:53,887 E 6758 6758] Failed to kill actor\n"
         "(RayTrainWorker pid=42, ip=10.0.0.2) Moving model to device: cuda:0\n"
         "(Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)\n"
+        "[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: Actor with class name: 'MapWorker'\n"
     )
     result = nbformat.from_dict({"output_type": "execute_result", "data": {"text/plain": "1"}, "metadata": {}})
     assert drop_ray_log_lines([_stream("stderr", forwarded), result]) == [result]
