@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import helpers
@@ -89,3 +92,21 @@ def setup() -> CourseConfig:
     width = max(map(len, rows))
     print("\n".join(f"{key:<{width}} : {value}" for key, value in rows.items()))
     return cfg
+
+
+def dashboard_get(path: str, token: bool = True) -> tuple[int, object]:
+    """GET `path` from the Ray dashboard of this session: the HTTP status and the JSON body (None on an error).
+
+    With `token=True` the request carries Ray's token, as the dashboard's login page does once you paste it.
+    """
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+    if _dashboard_url is None:
+        raise RuntimeError("No Ray dashboard is known in this kernel: run setup() first (it starts one on 127.0.0.1).")
+    headers = get_auth_headers_if_auth_enabled({}) if token else {}
+    request = urllib.request.Request(f"http://{_dashboard_url}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, None

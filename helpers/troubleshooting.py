@@ -12,21 +12,24 @@ from torch import nn
 def time_blocked_on_data(batches: Iterable[dict], step_s: float) -> dict[str, float]:
     """Run a stand-in training loop over `batches`: each step takes `step_s` seconds (say, on a GPU).
 
-    Returns the images per second and the share of the loop's time spent waiting for the next batch:
-    near 0 when data keeps up, near 1 when the loop is starved.
+    Returns the images per second, the seconds until the first batch arrived, and the share of the loop's
+    time spent waiting for batches: near 0 when data keeps up, near 1 when the loop is starved.
     """
-    waited, num_images, started = 0.0, 0, time.perf_counter()
+    waited, first_batch_s, num_images, started = 0.0, None, 0, time.perf_counter()
     iterator = iter(batches)
     while True:
         asked = time.perf_counter()
         batch = next(iterator, None)
         waited += time.perf_counter() - asked
+        if first_batch_s is None:
+            first_batch_s = waited
         if batch is None:
             break
         time.sleep(step_s)  # the training step, which does not need the CPU
         num_images += len(batch["label"])
     total = time.perf_counter() - started
-    return {"images_per_s": num_images / total, "blocked_share": waited / total, "seconds": total}
+    return {"images_per_s": num_images / total, "first_batch_s": first_batch_s, "blocked_share": waited / total,
+            "seconds": total}
 
 
 def activation_bytes(model: nn.Module, images: torch.Tensor) -> int:

@@ -8,8 +8,16 @@ import pytest
 import ray
 from ray.train import ScalingConfig
 
+import helpers.cluster
 from helpers import setup
-from helpers.cluster import ResourceRequestError, check_resources, resources_per_worker
+from helpers.cluster import (
+    ResourceRequestError,
+    StoragePathError,
+    check_resources,
+    check_storage_path,
+    resources_per_worker,
+    scaling_config,
+)
 
 LAPTOP = [{"CPU": 2.0, "memory": 1e10}]
 GPU_CLUSTER = [{"CPU": 8.0}, {"CPU": 8.0, "GPU": 4.0, "accelerator_type:T4": 1.0}]
@@ -57,14 +65,50 @@ def test_missing_accelerator_type_says_to_drop_it():
         check_resources(ScalingConfig(num_workers=1, use_gpu=True, accelerator_type="A100"), nodes=GPU_CLUSTER)
 
 
-def test_preflight_on_this_machine_fails_fast_for_64_workers():
+@pytest.fixture(scope="module")
+def live():
     assert not ray.is_initialized()
-    try:
-        setup()
-        started = time.monotonic()
-        with pytest.raises(ResourceRequestError, match="64 workers"):
-            check_resources(ScalingConfig(num_workers=64))
-        assert time.monotonic() - started < 30
-        check_resources(ScalingConfig(num_workers=int(ray.cluster_resources()["CPU"])))  # a full machine fits
-    finally:
-        ray.shutdown()
+    yield setup()
+    ray.shutdown()
+
+
+def test_preflight_on_this_machine_fails_fast_for_64_workers(live):
+    started = time.monotonic()
+    with pytest.raises(ResourceRequestError, match="64 workers"):
+        check_resources(ScalingConfig(num_workers=64))
+    assert time.monotonic() - started < 30
+    check_resources(ScalingConfig(num_workers=int(ray.cluster_resources()["CPU"])))  # a full machine fits
+
+
+def test_the_course_scaling_config_splits_the_cpus_or_takes_a_gpu_each(live):
+    cpus = ray.cluster_resources()["CPU"]
+    one = scaling_config(live, num_workers=1, use_gpu=False)
+    assert (one.num_workers, one.use_gpu, one.resources_per_worker) == (1, False, {"CPU": cpus})
+    two = scaling_config(live, num_workers=2, use_gpu=False)
+    assert two.resources_per_worker == {"CPU": max(1.0, cpus // 2)}
+    assert scaling_config(live, num_workers=2, use_gpu=True).resources_per_worker == {"CPU": 1, "GPU": 1}
+    check_resources(scaling_config(live))  # the course's default request fits this machine
+
+
+def test_a_writable_storage_path_passes_and_keeps_no_probe(live, tmp_path):
+    target = tmp_path / "new" / "runs"
+    assert check_storage_path(target) == target and target.is_dir()
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["/dev/null/runs", "/proc/course-runs"])
+def test_an_unwritable_storage_path_fails_at_once_saying_what_to_set(live, bad):
+    started = time.monotonic()
+    with pytest.raises(StoragePathError) as error:
+        check_storage_path(bad)
+    assert time.monotonic() - started < 5
+    assert f"Runs cannot be written to the storage path {bad}" in str(error.value)
+    assert "COURSE_STORAGE_PATH" in str(error.value)
+
+
+def test_a_storage_path_other_nodes_do_not_see_fails(live, tmp_path, monkeypatch):
+    # On this one machine every task sees the probe; fake a second node that does not.
+    monkeypatch.setattr(helpers.cluster, "_nodes_missing", lambda probe: ["ffffffff00000000"])
+    with pytest.raises(StoragePathError, match="local to this machine: 1 node\\(s\\) of the cluster do not see"):
+        check_storage_path(tmp_path)
+    assert list(tmp_path.iterdir()) == [], "the probe file was left behind"

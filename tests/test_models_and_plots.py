@@ -1,4 +1,4 @@
-"""helpers.models, helpers.plots and helpers.training on small inputs."""
+"""helpers.models, helpers.plots, helpers.training and helpers.inference on small inputs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from matplotlib.figure import Figure
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from helpers.inference import MNISTPredictor, load_model
 from helpers.models import resnet18_mnist
-from helpers.plots import predictions_grid, training_curves
+from helpers.plots import confusion_matrix, predictions_grid, training_curves
 from helpers.training import evaluate, predict, seed_everything
 
 
@@ -68,3 +69,22 @@ def test_training_curves_plots_losses_and_accuracies():
     loss_ax, acc_ax = fig.axes
     assert [line.get_label() for line in loss_ax.lines] == ["train_loss", "test_loss"]
     assert [line.get_label() for line in acc_ax.lines] == ["test_acc"]
+
+
+def test_confusion_matrix_counts_every_pair():
+    fig = confusion_matrix([0, 0, 1, 2, 2, 2], [0, 1, 1, 2, 2, 0], num_classes=3)
+    counts = fig.axes[0].images[0].get_array()
+    assert counts.tolist() == [[1, 1, 0], [0, 1, 0], [1, 0, 2]]
+    assert "6 images, accuracy 66.67%" in fig.axes[0].get_title()
+
+
+def test_the_predictor_loads_a_checkpoint_once_and_labels_batches(tmp_path):
+    seed_everything(0)
+    model = resnet18_mnist().eval()
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    images = torch.randn(6, 1, 28, 28)
+    predictor = MNISTPredictor(str(tmp_path))
+    batch = predictor({"image": images.numpy(), "label": torch.arange(6).numpy()})
+    assert batch["prediction"].tolist() == model(images).argmax(dim=1).tolist()
+    assert list(batch) == ["image", "label", "prediction"]
+    assert not load_model(tmp_path).training, "a loaded model is in eval mode"

@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from helpers import load_config, setup
-from helpers.session import PREEMPTION_WATCHER_VAR
+from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +56,10 @@ def test_workers_get_helpers_and_the_settings_through_the_runtime_env(ray_setup)
     # Workers see the settings as the environment gave them (use_gpu may still be 'auto' there).
     assert env == load_config().as_env()
     assert env["COURSE_DATA_DIR"] == str(cfg.data_dir) and env["COURSE_STORAGE_PATH"] == str(cfg.storage_path)
+
+
+def test_the_dashboard_answers_only_with_rays_token(ray_setup):
+    setup()
+    assert dashboard_get("/api/v0/actors", token=False)[0] == 401
+    status, body = dashboard_get("/api/v0/actors")
+    assert status == 200 and body["result"] is True

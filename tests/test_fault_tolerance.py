@@ -1,0 +1,120 @@
+"""Lesson 05's claims, proven on real runs: an injected failure resumes at its epoch, a stopped driver's run continues.
+
+Run as a script, this file is the driver the last test kills:
+    python tests/test_fault_tolerance.py <run name> <storage path> <parquet root>
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from ray.train import FailureConfig, RunConfig, TrainingFailedError
+from ray.train.torch import TorchTrainer
+from ray.util.state import list_actors
+
+from helpers import setup
+from helpers.cluster import scaling_config
+from helpers.config import load_config
+from helpers.fault_tolerance import train_loop_per_worker
+from helpers.ingest import mnist_datasets, write_mnist_parquet
+from helpers.results import MetricsHistory, latest_checkpoint_metrics, read_history, run_path
+
+#: Small epochs: 10 steps of 64 images per worker, 256 images to validate.
+ROWS = {"train": 1280, "valid": 256}
+NUM_EPOCHS = 2
+
+
+def fit(storage_path: str | Path, name: str, parquet_root: str | Path, fail_at=None, max_failures: int = 0):
+    """Lesson 05's trainer: the resumable loop, 2 workers, MetricsHistory; `fit()`'s Result."""
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"num_epochs": NUM_EPOCHS, "global_batch_size": 128, "lr": 1e-3, "seed": 0,
+                           "prefetch_batches": 1, "fail_at": fail_at},
+        datasets=mnist_datasets(parquet_root, ROWS),
+        scaling_config=scaling_config(load_config(), num_workers=2, use_gpu=False),
+        run_config=RunConfig(storage_path=str(storage_path), name=name, callbacks=[MetricsHistory()],
+                             failure_config=FailureConfig(max_failures=max_failures)),
+    )
+    return trainer.fit()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    assert not ray.is_initialized()
+    cfg = setup()
+    storage = tmp_path_factory.mktemp("runs")
+    yield cfg, storage, write_mnist_parquet(cfg.data_dir, storage)
+    ray.shutdown()
+
+
+def _events(history) -> list[tuple]:
+    return [(row.event, None if row.event == "failure" else int(row.epoch), None if row.event == "failure"
+             else int(row.start_epoch)) for row in history.itertuples()]
+
+
+def test_an_injected_failure_resumes_at_the_failed_epoch(cluster):
+    _, storage, parquet_root = cluster
+    result = fit(storage, "worker-failure", parquet_root, fail_at=(1, 2, 1), max_failures=1)
+    assert result.error is None
+    history = read_history(result.path)
+    # Epoch 0 once; the failure in epoch 1; epoch 1 once, by workers that started at epoch 1. None lost, none repeated.
+    assert _events(history) == [("report", 0, 0), ("failure", None, None), ("report", 1, 1)]
+    failure = history[history["event"] == "failure"].iloc[0]
+    assert failure["rank"] == 1 and "InjectedFailure" in failure["error"] and "epoch 1, step 2" in failure["error"]
+    # The last checkpoint holds what resuming needs, for the last epoch.
+    with result.checkpoint.as_directory() as checkpoint_dir:
+        state = torch.load(Path(checkpoint_dir) / "train_state.pt", map_location="cpu")
+        assert (Path(checkpoint_dir) / "model.pt").is_file()
+    assert state["epoch"] == NUM_EPOCHS - 1 and state["optimizer"]["state"], "optimizer state missing"
+
+
+def test_without_max_failures_the_same_failure_ends_the_run(cluster):
+    _, storage, parquet_root = cluster
+    with pytest.raises(TrainingFailedError, match="InjectedFailure"):
+        fit(storage, "no-retries", parquet_root, fail_at=(1, 2, 1), max_failures=0)
+    history = read_history(run_path(storage, "no-retries"))
+    assert _events(history) == [("report", 0, 0), ("failure", None, None)]
+
+
+def _train_workers_alive() -> int:
+    return len(list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]))
+
+
+def test_a_killed_driver_s_run_continues_under_the_same_name(cluster):
+    _, storage, parquet_root = cluster
+    name, folder = "driver-stop", run_path(storage, "driver-stop")
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
+    driver = subprocess.Popen([sys.executable, __file__, name, str(storage), str(parquet_root)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (latest_checkpoint_metrics(folder) or {}).get("epoch") == 0:
+            assert driver.poll() is None, f"the driver ended early:\n{driver.stdout.read()[-3000:]}"
+            assert time.monotonic() < deadline, "no epoch-0 checkpoint within 5 minutes"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGKILL)  # the driver dies mid-run, as a crashed kernel or script would
+        driver.wait(timeout=30)
+    finally:
+        driver.kill()
+    deadline = time.monotonic() + 120
+    while _train_workers_alive():  # Ray ends the dead driver's job, and with it the run's workers
+        assert time.monotonic() < deadline, "the killed driver's training workers are still running"
+        time.sleep(1)
+
+    result = fit(storage, name, parquet_root)  # the same name and storage path
+    assert result.error is None
+    assert _events(read_history(folder)) == [("report", 0, 0), ("report", 1, 1)], "epoch 0 lost or repeated"
+
+
+if __name__ == "__main__":
+    run_name, storage_path, parquet = sys.argv[1:4]
+    setup()  # joins the test's Ray through RAY_ADDRESS
+    fit(storage_path, run_name, parquet)
