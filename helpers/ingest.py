@@ -28,8 +28,8 @@ from helpers.data import load_mnist, mnist_transform
 from helpers.models import resnet18_mnist
 from helpers.training import seed_everything
 
-#: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 25 steps of 128 images, 1000 to validate.
-SMOKE_ROWS = {"train": 3200, "valid": 1000}
+#: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 15 steps of 128 images, 1000 to validate.
+SMOKE_ROWS = {"train": 1920, "valid": 1000}
 #: What `iter_torch_batches` turns each column into.
 DTYPES = {"image": torch.float32, "label": torch.int64}
 #: The seed's transform, built once per process (not once per row).

@@ -21,13 +21,20 @@ PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _dashboard_url: str | None = None
 
 
+#: Warnings Ray's own code raises in worker processes, about nothing the learner wrote or can change: Ray Train
+#: 2.60 sets a deprecated Ray Data option itself, and every Ray Data-fed fit() printed this warning.
+RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is deprecated:DeprecationWarning",)
+
+
 def runtime_env(cfg: CourseConfig) -> dict:
     """The Ray runtime environment every worker gets: the `helpers` package and the course settings.
 
     `py_modules` uploads `helpers` so it imports on every node of a real cluster;
     a `sys.path` tweak would only reach the driver.
     """
-    return {"py_modules": [str(Path(helpers.__file__).parent)], "env_vars": cfg.as_env()}
+    warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), *RAY_INTERNAL_WARNINGS]))
+    return {"py_modules": [str(Path(helpers.__file__).parent)],
+            "env_vars": {**cfg.as_env(), "PYTHONWARNINGS": warning_filters}}
 
 
 def start_ray(cfg: CourseConfig) -> float:

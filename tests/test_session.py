@@ -48,9 +48,11 @@ def test_workers_get_helpers_and_the_settings_through_the_runtime_env(ray_setup)
         import helpers.config  # noqa: F401  (imports on the worker)
 
         py_modules = ray.get_runtime_context().runtime_env.get("py_modules", [])
-        return py_modules, {k: v for k, v in os.environ.items() if k.startswith("COURSE_")}
+        return py_modules, {k: v for k, v in os.environ.items() if k.startswith(("COURSE_", "PYTHONWARNINGS"))}
 
     py_modules, env = ray.get(inside_a_worker.remote())
+    # Ray's own deprecation warning about what Ray Train sets itself is filtered in every worker.
+    assert "ignore:`ExecutionOptions.exclude_resources` is deprecated" in env.pop("PYTHONWARNINGS")
     # The package travels as an uploaded archive, so it imports on nodes without this checkout.
     assert len(py_modules) == 1 and py_modules[0].startswith("gcs://_ray_pkg_"), py_modules
     # Workers see the settings as the environment gave them (use_gpu may still be 'auto' there).
