@@ -45,3 +45,12 @@ def test_ray_data_script_with_one_worker_per_cpu_trains_instead_of_hanging(tmp_p
     assert "test_acc=" in done.stdout
     assert len(list(tmp_path.glob("train_ray_ddp_with_ray_data-run-*/checkpoint_*/model.pt"))) == 1
     assert len(list(tmp_path.glob("datasets/mnist-parquet/train/*.parquet"))) == 8
+
+
+def test_train_ray_ddp_refuses_a_storage_path_it_cannot_write_before_training(tmp_path):
+    started = time.monotonic()
+    done = _run("--num-workers", "1", "--smoke-test", "--storage-path", "/dev/null/runs", timeout=180)
+    assert done.returncode != 0
+    assert "error: Runs cannot be written to the storage path /dev/null/runs: Not a directory." in done.stderr
+    assert "COURSE_STORAGE_PATH" in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - started < 120  # Ray's start-up included; the check itself is instant
