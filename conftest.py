@@ -1,9 +1,9 @@
 """Suite-wide pytest set-up (notebooks and tests/).
 
-- nbval compares each notebook cell's output with the committed one, except the log lines Ray forwards
-  from its other processes (workers, actors, the GCS): they arrive whenever those processes write them, in
-  whichever cell happens to be running, and carry pids and timestamps. The kernel's own output, warnings
-  and errors included, stays compared.
+- nbval compares each notebook cell's output with the committed one, except Ray's log lines: those it forwards
+  from its other processes (workers, actors, the GCS) arrive whenever those processes write them, in whichever
+  cell happens to be running, and they and its C++ core log carry pids, ids and timestamps. Everything else
+  the kernel prints, Python warnings and errors included, stays compared.
 - A guard: the suite must not leave Ray, kernels or JupyterLab running.
 """
 
