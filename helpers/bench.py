@@ -1,6 +1,6 @@
 """Benchmarks the course reports, as commands (not tests):
 
-    python -m helpers.bench ddp [--steps 40] [--repeats 3]
+    python -m helpers.bench ddp [--steps 40] [--repeats 3] [--rounds 2]
     python -m helpers.bench data [--rows 6400] [--epochs 2] [--rounds 2]
 
 `ddp` measures, in one run on this machine: images/s of lesson 01's plain loop, of Ray Train with
@@ -10,11 +10,15 @@ from `fit()` to the first training step of each run.
 `data` measures, in one run: images/s of lesson 02's DataLoader-fed loop and of lesson 03's Ray Data-fed
 loop (the course default: preprocessed and materialized; and streaming, with one CPU kept for Ray Data),
 2 workers on the same rows, counted over whole epochs including each epoch's pipeline start-up; the
-DataLoader and materialized runs alternate `rounds` times (medians reported), streaming runs once.
+DataLoader and materialized runs alternate `rounds` times (medians reported; the ratio is the median of
+each round's ratio), streaming runs once.
 
-Small shared machines are noisy (+-20% between two 40-step windows here), so each throughput is
-the median of `repeats` windows: the plain loop runs in this process *with Ray up*, as in the
-lessons, and each Ray Train run trains 1 + `repeats` epochs and drops the first (start-up).
+Small shared machines are noisy (+-20% between two 40-step windows here, and the machine's speed
+drifts over minutes), so each throughput is the median of `repeats` windows, and `ddp` runs its three
+measurements `rounds` times in turn (plain loop, 1 worker, N workers) and reports each ratio as the
+median of the rounds' ratios: a slow spell hits both sides of a ratio. The plain loop runs in this
+process *with Ray up*, as in the lessons, and each Ray Train run trains 1 + `repeats` epochs and drops
+the first (start-up).
 """
 
 from __future__ import annotations
@@ -90,14 +94,14 @@ def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, dat
         raise result.error
     epochs = result.metrics_dataframe
     return {
-        "images_per_s": _spread([float(x) for x in epochs["images_per_s"].iloc[1:]]),  # after start-up
+        "images_per_s": statistics.median(float(x) for x in epochs["images_per_s"].iloc[1:]),  # after start-up
         "fit_to_first_step_s": float(epochs["epoch_started_at"].iloc[0]) - fit_started,
         "fit_s": fit_s,
     }
 
 
-def bench_ddp(steps: int, num_workers: int, repeats: int) -> dict:
-    """Plain loop, then Ray Train with 1 and `num_workers` workers, in one process with Ray up."""
+def bench_ddp(steps: int, num_workers: int, repeats: int, rounds: int) -> dict:
+    """Plain loop, then Ray Train with 1 and `num_workers` workers, `rounds` times, in one process with Ray up."""
     import ray
 
     from helpers.cluster import start_autoscaling_coordinator
@@ -106,21 +110,26 @@ def bench_ddp(steps: int, num_workers: int, repeats: int) -> dict:
     load_dotenv_file()
     cfg = load_config()
     data_dir = str(cfg.data_dir)
-    report = {"steps_per_window": steps, "repeats": repeats, "global_batch_size": GLOBAL_BATCH_SIZE}
+    report = {"steps_per_window": steps, "repeats": repeats, "rounds": rounds, "global_batch_size": GLOBAL_BATCH_SIZE}
     report["ray_init_s"] = start_ray(cfg)
     start_autoscaling_coordinator()  # as lesson 02 does
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    runs = {"plain": [], **{workers: [] for workers in (1, num_workers)}}
     try:
-        plain = _spread([plain_loop_images_per_s(data_dir, steps) for _ in range(repeats)])
-        report["plain_loop_images_per_s"] = plain
-        for workers in (1, num_workers):
-            report[f"ray_train_{workers}w"] = ray_train_run(
-                workers, steps, repeats, use_gpu, data_dir, str(cfg.storage_path))
+        for _ in range(rounds):
+            runs["plain"].append(statistics.median(plain_loop_images_per_s(data_dir, steps) for _ in range(repeats)))
+            for workers in (1, num_workers):
+                runs[workers].append(ray_train_run(workers, steps, repeats, use_gpu, data_dir, str(cfg.storage_path)))
     finally:
         ray.shutdown()
+    report["plain_loop_images_per_s"] = _spread(runs["plain"])
     for workers in (1, num_workers):
-        ratio = report[f"ray_train_{workers}w"]["images_per_s"]["median"] / plain["median"]
-        report[f"ratio_{workers}w_to_plain"] = round(ratio, 3)
+        report[f"ray_train_{workers}w"] = {
+            key: _spread([run[key] for run in runs[workers]])
+            for key in ("images_per_s", "fit_to_first_step_s", "fit_s")}
+        ratios = [run["images_per_s"] / plain for run, plain in zip(runs[workers], runs["plain"])]
+        report[f"ratio_{workers}w_to_plain"] = {"median": round(statistics.median(ratios), 3),
+                                               "rounds": [round(ratio, 3) for ratio in ratios]}
     return report
 
 
@@ -183,8 +192,9 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
         ray.shutdown()
     report["dataloader_images_per_s"] = _spread(dataloader)
     report["ray_data_materialized_images_per_s"] = _spread(materialized)
-    report["ratio_materialized_to_dataloader"] = round(
-        report["ray_data_materialized_images_per_s"]["median"] / report["dataloader_images_per_s"]["median"], 3)
+    ratios = [ray_data / loader for ray_data, loader in zip(materialized, dataloader)]  # each round's pair
+    report["ratio_materialized_to_dataloader"] = {"median": round(statistics.median(ratios), 3),
+                                                  "rounds": [round(ratio, 3) for ratio in ratios]}
     report["ratio_streaming_to_dataloader"] = round(
         report["ray_data_streaming_images_per_s"] / report["dataloader_images_per_s"]["median"], 3)
     return report
@@ -197,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     ddp.add_argument("--steps", type=int, default=40, help="measured steps per epoch (default 40)")
     ddp.add_argument("--num-workers", type=int, default=2, help="the N of the N-worker run (default 2)")
     ddp.add_argument("--repeats", type=int, default=3, help="measured windows per figure (default 3)")
+    ddp.add_argument("--rounds", type=int, default=2, help="plain / 1 worker / N workers, in turn (default 2)")
     data = commands.add_parser("data", help="DataLoader-fed vs Ray Data-fed training, whole epochs")
     data.add_argument("--rows", type=int, default=6400, help="training rows per epoch (default 6400)")
     data.add_argument("--epochs", type=int, default=2, help="epochs per run (default 2)")
@@ -204,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     data.add_argument("--rounds", type=int, default=2, help="DataLoader / Ray Data runs, alternated (default 2)")
     args = parser.parse_args(argv)
     if args.command == "ddp":
-        report = bench_ddp(args.steps, args.num_workers, args.repeats)
+        report = bench_ddp(args.steps, args.num_workers, args.repeats, args.rounds)
     else:
         report = bench_data(args.rows, args.epochs, args.num_workers, args.rounds)
     print(json.dumps(report, indent=2))
