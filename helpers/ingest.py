@@ -6,6 +6,7 @@ code. The numbered comments in `train_loop_per_worker` mark what changed from le
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -30,10 +31,27 @@ from helpers.training import seed_everything
 
 #: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 15 steps of 128 images, 1000 to validate.
 SMOKE_ROWS = {"train": 1920, "valid": 1000}
+#: Equal blocks a materialized dataset is cut into: Ray Train gives each of 1, 2, 4 or 8 workers whole
+#: blocks. Otherwise, every epoch, `streaming_split(equal=True)` cuts a block in a Ray task, which on
+#: a small machine starts a new worker process first (about 2 s per epoch and dataset on 2 cores).
+NUM_BLOCKS = 8
 #: What `iter_torch_batches` turns each column into.
 DTYPES = {"image": torch.float32, "label": torch.int64}
 #: The seed's transform, built once per process (not once per row).
 _TRANSFORM = mnist_transform()
+
+
+@contextlib.contextmanager
+def quiet_cpu_race_warning():
+    """Ray Data warns "no available CPUs" when a job starts while the previous job's tasks still hold
+    theirs. Between two jobs of the same process that is a race, not a hang: keep that warning out."""
+    dataset_logger = logging.getLogger("ray.data.dataset")
+    level = dataset_logger.level
+    dataset_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        dataset_logger.setLevel(level)
 
 
 def write_mnist_parquet(data_dir: str | Path, storage_path: str | Path, num_files: int = 8) -> Path:
@@ -51,15 +69,8 @@ def write_mnist_parquet(data_dir: str | Path, storage_path: str | Path, num_file
         table = pa.table({"image": ArrowTensorArray.from_numpy(mnist.data.numpy()),
                           "label": mnist.targets.numpy().astype(np.int64)})
         partial = root / f".{split}.partial-{uuid.uuid4().hex[:8]}"
-        # Ray Data warns "no available CPUs" when it starts while the previous write's tasks still hold
-        # theirs; it is a race between the two writes here, not a hang.
-        dataset_logger = logging.getLogger("ray.data.dataset")
-        level = dataset_logger.level
-        dataset_logger.setLevel(logging.ERROR)
-        try:
+        with quiet_cpu_race_warning():
             ray.data.from_arrow(table, override_num_blocks=num_files).write_parquet(str(partial))
-        finally:
-            dataset_logger.setLevel(level)
         try:
             os.rename(partial, target)  # atomic
         except OSError:  # another process finished the same split first: keep its copy
@@ -92,7 +103,10 @@ def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = N
         if max_rows and name in max_rows:
             dataset = dataset.limit(max_rows[name])
         dataset = dataset.map_batches(normalize_batch)  # [2] vectorised preprocessing, on the CPU pool
-        datasets[name] = dataset.materialize() if materialize else dataset  # [3] run once, keep in memory
+        if materialize:  # [3] run once, keep in memory, in blocks Ray Train can hand out whole
+            with quiet_cpu_race_warning():  # the previous split's tasks may still hold the CPUs: no hang
+                dataset = dataset.repartition(NUM_BLOCKS).materialize()
+        datasets[name] = dataset
     return datasets
 
 
