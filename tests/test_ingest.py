@@ -12,7 +12,8 @@ from ray.train import ScalingConfig
 from helpers import setup
 from helpers.cluster import ResourceRequestError, check_data_resources, cpus_per_worker
 from helpers.data import load_mnist
-from helpers.ingest import SMOKE_ROWS, mnist_datasets, normalize_batch, transform_row, write_mnist_parquet
+from helpers.ingest import (NUM_BLOCKS, SMOKE_ROWS, mnist_datasets, normalize_batch, transform_row,
+                            write_mnist_parquet)
 
 LAPTOP = [{"CPU": 2.0}]
 
@@ -59,6 +60,14 @@ def test_the_training_datasets_are_normalised_and_materialized(parquet_root):
     assert batch["image"].shape == (8, 1, 28, 28) and batch["image"].dtype == np.float32
     assert -1.0 <= batch["image"].min() < batch["image"].max() <= 1.0
     check_data_resources(ScalingConfig(num_workers=2), datasets, nodes=LAPTOP)  # nothing left to compute
+
+
+def test_materialized_datasets_come_in_equal_blocks_that_workers_get_whole(parquet_root):
+    # One block per dataset made streaming_split(equal=True) cut it with a Ray task every epoch.
+    assert NUM_BLOCKS % 8 == 0, "1, 2, 4 or 8 workers should each get whole blocks"
+    for name, dataset in mnist_datasets(parquet_root, SMOKE_ROWS).items():
+        rows = [entry.metadata.num_rows for bundle in dataset.iter_internal_ref_bundles() for entry in bundle.blocks]
+        assert rows == [SMOKE_ROWS[name] // NUM_BLOCKS] * NUM_BLOCKS, name
 
 
 def test_streaming_datasets_need_a_cpu_beside_the_workers(parquet_root):
