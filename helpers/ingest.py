@@ -25,6 +25,8 @@ import torch
 from ray.data.extensions import ArrowTensorArray
 from torch import nn
 
+from helpers.cluster import check_data_resources, check_resources, scaling_config, start_autoscaling_coordinator
+from helpers.config import CourseConfig
 from helpers.data import load_mnist, mnist_transform
 from helpers.models import resnet18_mnist
 from helpers.training import seed_everything
@@ -109,6 +111,22 @@ def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = N
         datasets[name] = dataset
     return datasets
 
+
+
+def prepare_ray_data_training(cfg: CourseConfig, max_rows: dict[str, int] | None = None):
+    """What lesson 03 did before `fit()`, in one call for the lessons after it.
+
+    Writes (or finds) MNIST as Parquet under the storage path, builds the materialized datasets, takes
+    lesson 02's `ScalingConfig` from the configuration, runs both preflights (resources, CPUs for Ray
+    Data) and starts Ray Train's autoscaling coordinator. Returns `(parquet_root, datasets, scaling)`.
+    """
+    parquet_root = write_mnist_parquet(cfg.data_dir, cfg.storage_path)
+    datasets = mnist_datasets(parquet_root, max_rows)
+    scaling = scaling_config(cfg)
+    check_resources(scaling)
+    check_data_resources(scaling, datasets)
+    start_autoscaling_coordinator()
+    return parquet_root, datasets, scaling
 
 @torch.no_grad()
 def evaluate_shard(model: nn.Module, shard, batch_size: int) -> dict[str, float]:
