@@ -75,10 +75,11 @@ def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, dat
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from helpers.cluster import cpus_per_worker
     from helpers.ddp import train_loop_per_worker
     from helpers.runs import new_run_name
 
-    cpus = 1 if use_gpu else max(1, int(ray.cluster_resources()["CPU"]) // num_workers)
+    cpus = 1 if use_gpu else cpus_per_worker(num_workers, ray.cluster_resources()["CPU"])
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": 1 + repeats, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0,
