@@ -94,18 +94,31 @@ def normalize_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return batch
 
 
+@contextlib.contextmanager
+def in_file_order():
+    """Datasets created inside keep the files' row order. By default Ray Data passes blocks on in the order
+    their tasks finish, so `limit(n)` keeps whichever n rows come first: other rows in every session."""
+    options = ray.data.DataContext.get_current().execution_options  # copied by each new dataset
+    before, options.preserve_order = options.preserve_order, True
+    try:
+        yield
+    finally:
+        options.preserve_order = before  # training's ingest (read at fit()) streams in any order
+
+
 def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = None, materialize: bool = True) -> dict:
     """The datasets lesson 03 hands to Ray Train: read the Parquet files, normalise, keep the result.
 
-    `max_rows` caps the rows of "train" and/or "valid" (smoke mode passes SMOKE_ROWS).
+    `max_rows` caps the rows of "train" and/or "valid" (smoke mode passes SMOKE_ROWS): the first rows.
     """
     datasets = {}
     for name, split in (("train", "train"), ("valid", "test")):
-        dataset = ray.data.read_parquet(str(Path(parquet_root) / split))  # [1] parallel read tasks
+        with in_file_order():  # [1] the same rows in the same blocks in every session
+            dataset = ray.data.read_parquet(str(Path(parquet_root) / split))  # [2] parallel read tasks
         if max_rows and name in max_rows:
             dataset = dataset.limit(max_rows[name])
-        dataset = dataset.map_batches(normalize_batch)  # [2] vectorised preprocessing, on the CPU pool
-        if materialize:  # [3] run once, keep in memory, in blocks Ray Train can hand out whole
+        dataset = dataset.map_batches(normalize_batch)  # [3] vectorised preprocessing, on the CPU pool
+        if materialize:  # [4] run once, keep in memory, in blocks Ray Train can hand out whole
             with quiet_cpu_race_warning():  # the previous split's tasks may still hold the CPUs: no hang
                 dataset = dataset.repartition(NUM_BLOCKS).materialize()
         datasets[name] = dataset
