@@ -81,21 +81,24 @@ def _size(path: Path) -> int:
     return sum(item.stat().st_size for item in path.rglob("*") if item.is_file()) if path.is_dir() else path.stat().st_size
 
 
-#: What each entry of a Ray Train run folder is (Ray 2.60), by name prefix.
-RUN_FOLDER_ENTRIES = {
-    "checkpoint_": "a checkpoint: the folder rank 0 passed to ray.train.report, copied here",
+#: What each file of a Ray Train run folder is (Ray 2.60), by name.
+RUN_FOLDER_FILES = {
     SNAPSHOT_FILE: "Ray Train's index of the kept checkpoints and their metrics: what a restart resumes from",
     HISTORY_FILE: "every report and failure, written by the course's MetricsHistory callback",
     ".validate_storage_marker": "written by Ray Train to check that every node can reach the storage path",
 }
+CHECKPOINT_FOLDER = "a checkpoint: the folder rank 0 passed to ray.train.report, copied here"
 
 
 def describe_run_folder(path: str | Path) -> pd.DataFrame:
     """The entries of a run folder with their size and what each one is; checkpoint folders list their files."""
     rows = []
     for entry in sorted(Path(path).iterdir()):
-        what = next((text for prefix, text in RUN_FOLDER_ENTRIES.items() if entry.name.startswith(prefix)), "")
-        files = ", ".join(sorted(item.name for item in entry.iterdir())) if entry.is_dir() else ""
+        if entry.is_dir():
+            what = CHECKPOINT_FOLDER if entry.name.startswith("checkpoint_") else ""
+            files = ", ".join(sorted(item.name for item in entry.iterdir()))
+        else:
+            what, files = RUN_FOLDER_FILES.get(entry.name, ""), ""
         rows.append({"entry": entry.name + ("/" if entry.is_dir() else ""), "files": files,
                      "size_mb": round(_size(entry) / 1e6, 1), "what it is": what})
     return pd.DataFrame(rows)

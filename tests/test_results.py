@@ -65,8 +65,10 @@ def test_the_latest_registered_checkpoint_comes_from_ray_trains_snapshot(run):
 def test_the_run_folder_listing_says_what_each_entry_is(run):
     folder, context = run
     MetricsHistory().after_report(context, [{"epoch": 0}], None)
+    (folder / SNAPSHOT_FILE).write_text("{}")  # its name starts with "checkpoint_" too: not a checkpoint
     listing = describe_run_folder(folder).set_index("entry")
-    assert list(listing.index) == ["checkpoint_0/", "checkpoint_1/", HISTORY_FILE]
+    assert list(listing.index) == ["checkpoint_0/", "checkpoint_1/", SNAPSHOT_FILE, HISTORY_FILE]
     assert listing.loc["checkpoint_0/", "files"] == "model.pt" and listing.loc["checkpoint_0/", "size_mb"] == 2.0
-    assert "checkpoint" in listing.loc["checkpoint_1/", "what it is"]
+    assert listing.loc["checkpoint_1/", "what it is"].startswith("a checkpoint")
+    assert listing.loc[SNAPSHOT_FILE, "what it is"].startswith("Ray Train's index of the kept checkpoints")
     assert "MetricsHistory" in listing.loc[HISTORY_FILE, "what it is"]
