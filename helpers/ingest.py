@@ -125,21 +125,22 @@ def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = N
     return datasets
 
 
-
 def prepare_ray_data_training(cfg: CourseConfig, max_rows: dict[str, int] | None = None):
-    """What lesson 03 did before `fit()`, in one call for the lessons after it.
+    """What lesson 03 did before `fit()`, in one call for the lessons after it and the script.
 
-    Writes (or finds) MNIST as Parquet under the storage path, builds the materialized datasets, takes
-    lesson 02's `ScalingConfig` from the configuration, runs both preflights (resources, CPUs for Ray
-    Data) and starts Ray Train's autoscaling coordinator. Returns `(parquet_root, datasets, scaling)`.
+    Takes lesson 02's `ScalingConfig` from the configuration and checks it first (an impossible request
+    fails in seconds, before any data work), writes (or finds) MNIST as Parquet under the storage path,
+    builds the materialized datasets, checks that Ray Data has the CPUs they still need, and starts Ray
+    Train's autoscaling coordinator. Returns `(parquet_root, datasets, scaling)`.
     """
-    parquet_root = write_mnist_parquet(cfg.data_dir, cfg.storage_path)
-    datasets = mnist_datasets(parquet_root, max_rows)
     scaling = scaling_config(cfg)
     check_resources(scaling)
+    parquet_root = write_mnist_parquet(cfg.data_dir, cfg.storage_path)
+    datasets = mnist_datasets(parquet_root, max_rows)
     check_data_resources(scaling, datasets)
     start_autoscaling_coordinator()
     return parquet_root, datasets, scaling
+
 
 @torch.no_grad()
 def evaluate_shard(model: nn.Module, shard, batch_size: int) -> dict[str, float]:

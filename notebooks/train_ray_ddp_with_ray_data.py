@@ -8,18 +8,14 @@ The data pipeline and the training loop are `helpers.ingest`'s, the ones lesson 
 
 from __future__ import annotations
 
+import dataclasses
+
 from ray.train import Result, RunConfig
 from ray.train.torch import TorchTrainer
 
-from helpers.cluster import (
-    check_data_resources,
-    check_resources,
-    check_storage_path,
-    scaling_config,
-    start_autoscaling_coordinator,
-)
+from helpers.cluster import check_storage_path
 from helpers.config import load_config
-from helpers.ingest import SMOKE_ROWS, mnist_datasets, train_loop_per_worker, write_mnist_parquet
+from helpers.ingest import SMOKE_ROWS, prepare_ray_data_training, train_loop_per_worker
 from helpers.runs import new_run_name
 from helpers.scripts import parse_args, print_result, run_script
 from helpers.session import start_ray
@@ -29,13 +25,9 @@ def main(argv: list[str] | None = None) -> Result:
     args = parse_args(__doc__.split("\n")[0], argv)
     cfg = load_config()
     start_ray(cfg)
-    scaling = scaling_config(cfg, args.num_workers, args.use_gpu)
-    check_resources(scaling)
-    check_storage_path(args.storage_path)
-    start_autoscaling_coordinator()
-    parquet_root = write_mnist_parquet(cfg.data_dir, args.storage_path)  # once; later runs reuse it
-    datasets = mnist_datasets(parquet_root, SMOKE_ROWS if args.smoke_test else None)  # preprocessed, in memory
-    check_data_resources(scaling, datasets)  # a dataset still to compute needs CPUs beside the workers
+    storage_path = check_storage_path(args.storage_path)  # before the Parquet files are written there
+    cfg = dataclasses.replace(cfg, num_workers=args.num_workers, use_gpu=args.use_gpu, storage_path=storage_path)
+    _, datasets, scaling = prepare_ray_data_training(cfg, SMOKE_ROWS if args.smoke_test else None)  # as lesson 04
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": args.epochs, "global_batch_size": 128, "lr": 1e-3, "seed": 0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -12,8 +13,8 @@ from ray.train import ScalingConfig
 from helpers import setup
 from helpers.cluster import ResourceRequestError, check_data_resources, cpus_per_worker
 from helpers.data import load_mnist
-from helpers.ingest import (NUM_BLOCKS, SMOKE_ROWS, mnist_datasets, normalize_batch, transform_row,
-                            write_mnist_parquet)
+from helpers.ingest import (NUM_BLOCKS, SMOKE_ROWS, mnist_datasets, normalize_batch, prepare_ray_data_training,
+                            transform_row, write_mnist_parquet)
 
 LAPTOP = [{"CPU": 2.0}]
 
@@ -100,6 +101,14 @@ def test_the_live_check_fails_at_once_where_fit_would_hang(cfg, parquet_root):
     with pytest.raises(ResourceRequestError, match="Ray Data would never get a CPU"):
         check_data_resources(ScalingConfig(num_workers=workers), streaming)
     assert time.monotonic() - started < 10
+
+
+def test_an_impossible_request_fails_before_any_data_work(cfg, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(ResourceRequestError, match="asks for 64 workers"):
+        prepare_ray_data_training(dataclasses.replace(cfg, num_workers=64, storage_path=tmp_path), SMOKE_ROWS)
+    assert time.monotonic() - started < 10
+    assert not (tmp_path / "datasets").exists(), "Parquet was written before the request was checked"
 
 
 @pytest.mark.parametrize("num_workers, total_cpus, reserve, expected", [
