@@ -71,28 +71,23 @@ def _spread(values: list[float]) -> dict:
 
 def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, data_dir: str, storage_path: str) -> dict:
     """One Ray Train fit of lesson 02's loop: 1 + `repeats` epochs of `steps` steps; its timings."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import RunConfig
     from ray.train.torch import TorchTrainer
 
-    from helpers.cluster import cpus_per_worker
+    from helpers.cluster import course_scaling_config
     from helpers.ddp import train_loop_per_worker
     from helpers.runs import new_run_name
 
-    cpus = 1 if use_gpu else cpus_per_worker(num_workers, ray.cluster_resources()["CPU"])
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": 1 + repeats, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0,
                            "max_steps_per_epoch": steps, "data_dir": data_dir},
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker={"CPU": cpus, **({"GPU": 1} if use_gpu else {})}),
+        scaling_config=course_scaling_config(load_config(), num_workers, use_gpu),
         run_config=RunConfig(storage_path=storage_path, name=new_run_name(f"bench-ddp-{num_workers}w")),
     )
     fit_started = time.time()
-    result = trainer.fit()
+    result = trainer.fit()  # raises when the run fails
     fit_s = time.time() - fit_started
-    if result.error:
-        raise result.error
     epochs = result.metrics_dataframe
     return {
         "images_per_s": statistics.median(float(x) for x in epochs["images_per_s"].iloc[1:]),  # after start-up
@@ -114,7 +109,7 @@ def bench_ddp(steps: int, num_workers: int, repeats: int, rounds: int) -> dict:
     report = {"steps_per_window": steps, "repeats": repeats, "rounds": rounds, "global_batch_size": GLOBAL_BATCH_SIZE}
     report["ray_init_s"] = start_ray(cfg)
     start_autoscaling_coordinator()  # as lesson 02 does
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0  # the plain loop uses a GPU when this machine has one
     runs = {"plain": [], **{workers: [] for workers in (1, num_workers)}}
     try:
         for _ in range(rounds):
@@ -147,7 +142,7 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
     from ray.train.torch import TorchTrainer
 
     from helpers import ddp, ingest
-    from helpers.cluster import check_data_resources, cpus_per_worker, start_autoscaling_coordinator
+    from helpers.cluster import check_data_resources, plan_workers, start_autoscaling_coordinator
     from helpers.runs import new_run_name
     from helpers.session import start_ray
 
@@ -156,7 +151,6 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
     report = {"rows_per_epoch": rows, "epochs": epochs, "num_workers": num_workers,
               "global_batch_size": GLOBAL_BATCH_SIZE, "ray_init_s": start_ray(cfg)}
     start_autoscaling_coordinator()
-    total_cpus = ray.cluster_resources()["CPU"]
     parquet_root = ingest.write_mnist_parquet(cfg.data_dir, cfg.storage_path)
     common = {"num_epochs": epochs, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0}
 
@@ -166,12 +160,10 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
             check_data_resources(scaling, datasets)
         result = TorchTrainer(loop, train_loop_config={**common, **loop_config}, datasets=datasets,
                               scaling_config=scaling,
-                              run_config=RunConfig(storage_path=str(cfg.storage_path), name=new_run_name(name))).fit()
-        if result.error:
-            raise result.error
+                              run_config=RunConfig(storage_path=cfg.storage_path, name=new_run_name(name))).fit()
         return _whole_epochs_images_per_s(result)
 
-    whole_cpus = cpus_per_worker(num_workers, total_cpus)
+    whole_cpus = plan_workers(cfg, num_workers, use_gpu=False).resources_per_worker["CPU"]
     ray_data = {"prefetch_batches": 1, "shuffle_buffer": None}  # lesson 03's defaults
     dataloader, materialized = [], []
     try:
@@ -188,7 +180,7 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
         streaming = ingest.mnist_datasets(parquet_root, {"train": rows}, materialize=False)
         report["ray_data_streaming_images_per_s"] = fit(
             "bench-data-streaming", ingest.train_loop_per_worker, ray_data,
-            cpus_per_worker(num_workers, total_cpus, reserve_for_data=1), streaming)
+            plan_workers(cfg, num_workers, use_gpu=False, reserve_for_data=1).resources_per_worker["CPU"], streaming)
     finally:
         ray.shutdown()
     report["dataloader_images_per_s"] = _spread(dataloader)

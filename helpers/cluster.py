@@ -1,35 +1,147 @@
-"""Preflight checks: fail at once when a training run could never be scheduled or could not keep its results.
+"""Sizing a run for the cluster, and preflight checks that fail at once when it could never start.
 
-Ray keeps an unsatisfiable request pending (a node might join later), so `TorchTrainer.fit()`
-asking for 64 workers on a 2-CPU laptop, or for a GPU on a CPU-only cluster, waits forever.
-`check_resources` compares the request with the nodes that exist and says what to change;
-`check_data_resources` does the same for Ray Data beside the workers, and `check_storage_path`
-checks that the run's storage path is writable and shared by every node.
+Ray keeps an unsatisfiable request pending (a node might join later), so `TorchTrainer.fit()` asking for
+64 workers on a 2-CPU laptop, or for a GPU on a CPU-only cluster, waits forever. Here:
+
+- `cluster_capacity` reads the nodes a run can use: the alive ones, and the node types an autoscaler can add;
+- `plan_workers` sizes the workers from the nodes that will host them (never from cluster totals), and
+  `course_scaling_config` turns that plan into lesson 02's `ScalingConfig`;
+- `check_resources` compares a request with the nodes and says what to change, or, on a cluster that can
+  grow, what the run will wait for; `check_data_resources` does the same for Ray Data beside the workers;
+- `check_storage_path` checks that the run's storage path is writable and reachable from every node.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import uuid
-from pathlib import Path
+import warnings
+from dataclasses import dataclass, field
 
 import ray
 from ray.data.dataset import Dataset, MaterializedDataset
 from ray.train import ScalingConfig
 
-from helpers.config import CourseConfig
+from helpers import storage
+from helpers.config import ConfigError, CourseConfig
 
 #: Ray's prefix for accelerator-type resources, e.g. "accelerator_type:T4".
 ACCELERATOR_PREFIX = "accelerator_type:"
+#: Workers on CPU when COURSE_NUM_WORKERS is unset (on GPUs: one per GPU).
+DEFAULT_CPU_WORKERS = 2
+#: How long Ray Train waits for its workers' resources before it asks again (Ray 2.60's default).
+WORKER_GROUP_START_TIMEOUT_VAR = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
 class ResourceRequestError(RuntimeError):
     """The cluster can never satisfy what a ScalingConfig asks for."""
 
 
+class ResourceWaitWarning(UserWarning):
+    """The cluster cannot host the request now, but its autoscaler can add nodes: the run will wait for them."""
+
+
 class StoragePathError(RuntimeError):
-    """The storage path cannot hold a run's results: not writable here, or not shared by every node."""
+    """The storage path cannot hold a run's results: not writable, or not reachable from every node."""
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """A node type an autoscaler can add: one node's resources, and at most how many such nodes (-1: no limit)."""
+
+    resources: dict[str, float]
+    max_count: int
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The nodes a run can use: the alive ones, and whether (and with what) an autoscaler can add more.
+
+    `groups` lists the node types when Ray reports them (Anyscale does); a Ray autoscaler that does not
+    report them still makes `can_grow` true, with `groups` empty. A run may use `largest()`: the alive nodes
+    and the ones the autoscaler can still add.
+    """
+
+    nodes: list[dict[str, float]]
+    groups: list[NodeGroup] = field(default_factory=list)
+    can_grow: bool = False
+
+    def largest(self, num_needed: int) -> list[dict[str, float]]:
+        """The alive nodes plus, for each known node type, as many more as its limit allows (up to `num_needed`)."""
+        nodes = list(self.nodes)
+        for group in self.groups:
+            existing = sum(1 for node in self.nodes if _same_shape(node, group.resources))
+            limit = num_needed if group.max_count == -1 else group.max_count
+            nodes += [dict(group.resources)] * max(0, limit - existing)
+        return nodes
+
+    def describe(self) -> str:
+        """One line: the nodes, their CPUs and GPUs, and whether the cluster can grow."""
+        cpus = sum(node.get("CPU", 0.0) for node in self.nodes)
+        gpus = sum(node.get("GPU", 0.0) for node in self.nodes)
+        line = f"{cpus:g} CPUs, {gpus:g} GPUs, {len(self.nodes)} node(s)"
+        if len(self.nodes) > 1:  # smallest first: Ray lists nodes in no fixed order
+            shapes = sorted((node.get("GPU", 0.0), node.get("CPU", 0.0), _shape(node)) for node in self.nodes)
+            line += " with " + ", ".join(shape for _, _, shape in shapes)
+        if self.groups and self.can_grow:
+            line += "; its autoscaler can add " + ", ".join(
+                f"{'any number' if group.max_count == -1 else f'up to {group.max_count}'} x {_shape(group.resources)}"
+                for group in self.groups)
+        elif self.can_grow:
+            line += "; an autoscaler can add nodes"
+        return line
+
+
+def _same_shape(node: dict[str, float], resources: dict[str, float]) -> bool:
+    return all(node.get(key, 0.0) == resources.get(key, 0.0) for key in ("CPU", "GPU"))
+
+
+def _shape(resources: dict[str, float]) -> str:
+    gpus = resources.get("GPU", 0.0)
+    return f"({resources.get('CPU', 0.0):g} CPU{f', {gpus:g} GPU' if gpus else ''})"
+
+
+def _node_groups_from_cluster_config() -> tuple[list[NodeGroup], bool]:
+    """The node types Ray's cluster config lists (Anyscale's autoscaler reports them), and whether any can grow.
+
+    A group grows when its `max_count` is above its `min_count`, or -1 (no limit): Ray Data's own rule
+    (ray/data/_internal/cluster_autoscaler/util.py). No config reported: no groups.
+    """
+    import ray._private.state
+
+    config = ray._private.state.state.get_cluster_config()
+    if config is None:
+        return [], False
+    groups = [group for group in config.node_group_configs if group.max_count != 0 and group.resources]
+    can_grow = any(group.max_count == -1 or group.max_count > group.min_count for group in groups)
+    return [NodeGroup(resources=dict(group.resources), max_count=group.max_count) for group in groups], can_grow
+
+
+def _autoscaler_running() -> bool:
+    """True when Ray's autoscaler runs with a real node provider (`ray up`, KubeRay), not in read-only mode.
+
+    It writes its status to Ray's key-value store every few seconds; in read-only mode (a laptop, nodes
+    started by hand with `ray start`) every node's type is named `node_<node id>`.
+    """
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    status = _internal_kv_get("__autoscaling_status")  # ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS
+    report = json.loads(status).get("autoscaler_report") if status else None
+    mapping = (report or {}).get("node_type_mapping") or {}
+    return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
+
+
+def cluster_capacity() -> Capacity:
+    """The running Ray cluster's capacity: its alive nodes, and what an autoscaler can add."""
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    groups, can_grow = _node_groups_from_cluster_config()
+    if groups:
+        return Capacity(nodes, groups, can_grow)
+    # Anyscale scales its worker groups (from zero nodes); a Ray autoscaler can add nodes of its types.
+    return Capacity(nodes, can_grow=bool(os.environ.get("ANYSCALE_CLUSTER_ID")) or _autoscaler_running())
 
 
 def resources_per_worker(scaling_config: ScalingConfig) -> dict[str, float]:
@@ -53,22 +165,136 @@ def _workers_that_fit(node: dict[str, float], needs: dict[str, float]) -> int:
     return min(math.floor(node.get(key, 0.0) / amount + 1e-9) for key, amount in needs.items())
 
 
-def check_resources(scaling_config: ScalingConfig, nodes: list[dict[str, float]] | None = None) -> None:
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How many Ray Train workers, on what, and why."""
+
+    num_workers: int
+    use_gpu: bool
+    resources_per_worker: dict[str, float]
+    why: str
+
+    def describe(self) -> str:
+        """'2 x (1 CPU): <why>'."""
+        return f"{self.num_workers} x {_shape(self.resources_per_worker)}: {self.why}"
+
+
+def _cpus_each(hosts: list[dict[str, float]], num_workers: int, per_node: int | None, reserve_for_data: float) -> float:
+    """The most whole CPUs each worker can have with all `num_workers` placed on `hosts` (at most `per_node` on
+    one node) and `reserve_for_data` CPUs left over; a fraction only when that leaves less than one CPU each."""
+    total = sum(node.get("CPU", 0.0) for node in hosts)
+    for cpus in range(math.floor(max(node.get("CPU", 0.0) for node in hosts)), 0, -1):
+        placed = sum(min(per_node or num_workers, math.floor(node.get("CPU", 0.0) / cpus)) for node in hosts)
+        if placed >= num_workers and total - num_workers * cpus >= reserve_for_data:
+            return float(cpus)
+    if reserve_for_data and total > reserve_for_data:
+        return round(max((total - reserve_for_data) / num_workers, 0.1), 2)
+    return 1.0  # more workers than these nodes hold: check_resources says what to change
+
+
+def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: bool | str | None = None,
+                 reserve_for_data: float = 0.0, capacity: Capacity | None = None) -> WorkerPlan:
+    """Size the Ray Train workers for the nodes that will host them (the arguments override the configuration).
+
+    On GPUs: one worker per GPU, each with its node's CPUs per GPU. On CPUs: COURSE_NUM_WORKERS (default 2),
+    each with the most whole CPUs that still place every worker on the nodes with CPUs, after keeping
+    `reserve_for_data` CPUs for Ray Data. COURSE_CPUS_PER_WORKER fixes the CPUs instead. Nodes an autoscaler
+    can add count when Ray reports their types. Raises ConfigError when GPUs are required and the cluster has
+    none and cannot add any.
+    """
+    capacity = cluster_capacity() if capacity is None else capacity
+    types_unknown = capacity.can_grow and not capacity.groups  # an autoscaler whose node types Ray does not report
+    accelerator = f"{ACCELERATOR_PREFIX}{cfg.accelerator_type}" if cfg.accelerator_type else None
+    usable = [node for node in capacity.largest(num_needed=64) if not accelerator or node.get(accelerator)]
+    gpu_nodes = [node for node in usable if node.get("GPU", 0.0) >= 1]
+
+    wanted = cfg.use_gpu if use_gpu is None else use_gpu
+    if wanted == "auto":
+        gpu = bool(gpu_nodes)
+        gpus_now = any(node.get("GPU", 0.0) >= 1 for node in capacity.nodes)
+        device_why = ("the cluster has GPUs" if gpus_now else "its autoscaler can add GPU nodes") if gpu \
+            else "no GPU in the cluster"
+    else:
+        gpu = bool(wanted)
+        device_why = f"COURSE_USE_GPU={'true' if gpu else 'false'}" if use_gpu is None else "as asked"
+        if gpu and not gpu_nodes and not types_unknown:
+            raise ConfigError(
+                "GPUs were asked for (COURSE_USE_GPU=true, or a script's --use-gpu), but the Ray cluster has no GPU "
+                "and no autoscaler can add one.\nTo fix it: train on CPU (COURSE_USE_GPU=auto or false, --no-use-gpu), "
+                "or connect to a cluster with GPUs through RAY_ADDRESS.")
+    cpu_only = [node for node in usable if node.get("CPU", 0.0) > 0 and not node.get("GPU")]
+    # CPU workers stay off GPU nodes when there are others: an autoscaler would otherwise start GPU nodes for them.
+    hosts = gpu_nodes if gpu else cpu_only or [node for node in usable if node.get("CPU", 0.0) > 0]
+
+    workers = num_workers or cfg.num_workers
+    if workers:
+        count_why = "COURSE_NUM_WORKERS" if num_workers is None else "as asked"
+    elif gpu:
+        gpus_now = sum(math.floor(node.get("GPU", 0.0)) for node in capacity.nodes
+                       if not accelerator or node.get(accelerator))
+        workers = gpus_now or math.floor(min((node["GPU"] for node in gpu_nodes), default=1))
+        count_why = "one per GPU" if gpus_now else "one per GPU of the first GPU node to join"
+    else:
+        workers, count_why = DEFAULT_CPU_WORKERS, "the default"
+
+    if cfg.cpus_per_worker is not None:
+        cpus, cpus_why = cfg.cpus_per_worker, "COURSE_CPUS_PER_WORKER CPUs"
+    elif not hosts:
+        cpus, cpus_why = 1.0, "1 CPU until a node joins (COURSE_CPUS_PER_WORKER sets it)"
+    else:
+        cpus = _cpus_each(hosts, workers, math.floor(hosts[0]["GPU"]) if gpu else None, reserve_for_data)
+        cpus_why = "its share of a node's CPUs"
+        if reserve_for_data:
+            cpus_why += f" after {reserve_for_data:g} for Ray Data"
+    return WorkerPlan(workers, gpu, {"CPU": cpus, **({"GPU": 1.0} if gpu else {})},
+                      f"{count_why}{'' if 'per GPU' in count_why else ' on GPU' if gpu else ' on CPU'} ({device_why}), "
+                      f"each with {cpus_why}")
+
+
+def course_scaling_config(cfg: CourseConfig, num_workers: int | None = None, use_gpu: bool | None = None,
+                          reserve_for_data: float = 0.0) -> ScalingConfig:
+    """The course's ScalingConfig: `plan_workers`' sizing for this cluster (the arguments override the configuration)."""
+    plan = plan_workers(cfg, num_workers, use_gpu, reserve_for_data)
+    return ScalingConfig(
+        num_workers=plan.num_workers,  # [1] COURSE_NUM_WORKERS, or one worker per GPU
+        use_gpu=plan.use_gpu,  # [2] one GPU each, and NCCL between them; gloo on CPU
+        resources_per_worker=plan.resources_per_worker,  # [3] CPUs: each worker's share of its node
+        accelerator_type=cfg.accelerator_type,  # [4] only on nodes of that GPU type (COURSE_ACCELERATOR_TYPE)
+    )
+
+
+def check_resources(scaling_config: ScalingConfig, capacity: Capacity | None = None) -> None:
     """Raise ResourceRequestError unless the cluster's nodes can host every requested worker.
 
-    `nodes` are the total resources of each alive node (default: read from the running Ray).
-    A worker must fit on one node; workers are packed onto nodes the way Ray can place them.
+    `capacity` defaults to the running Ray's. A worker must fit on one node; workers are packed onto nodes
+    the way Ray can place them. On a cluster that can grow, a request that fits what the autoscaler can add
+    (or whose node types Ray does not report) only warns (ResourceWaitWarning): the run waits for the nodes.
     """
-    if nodes is None:
-        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    capacity = cluster_capacity() if capacity is None else capacity
     needs = resources_per_worker(scaling_config)
     num_workers = scaling_config.num_workers
-    fits = sum(_workers_that_fit(node, needs) for node in nodes)
-    if fits >= num_workers:
+    fits_now = sum(_workers_that_fit(node, needs) for node in capacity.nodes)
+    if fits_now >= num_workers:
         return
+    ask = ", ".join(f"{amount:g} {key}" for key, amount in needs.items())
+    largest = capacity.largest(num_workers)
+    fits = sum(_workers_that_fit(node, needs) for node in largest)
+    if capacity.can_grow and (fits >= num_workers or not capacity.groups):
+        timeout = os.environ.get(WORKER_GROUP_START_TIMEOUT_VAR, "60")
+        warnings.warn(
+            f"The cluster has room for {fits_now} of the {num_workers} workers x ({ask}) now. Its autoscaler can add "
+            f"nodes, so fit() will wait for them: Ray Train asks again every {timeout} s "
+            f"({WORKER_GROUP_START_TIMEOUT_VAR}) until the workers start.\n"
+            "To stop waiting: interrupt it (Kernel > Interrupt in JupyterLab, Ctrl-C in a script), then ask for "
+            "less (COURSE_NUM_WORKERS, COURSE_CPUS_PER_WORKER) or for other nodes.",
+            ResourceWaitWarning, stacklevel=2)
+        return
+    nodes = largest if capacity.groups else capacity.nodes
     totals = {key: sum(node.get(key, 0.0) for node in nodes) for key in needs}
     have = ", ".join(f"{totals[key]:g} {key}" for key in needs)
-    ask = ", ".join(f"{amount:g} {key}" for key, amount in needs.items())
+    where = (f"the cluster's {len(nodes)} node(s) at most (its autoscaler's limits included)" if capacity.can_grow
+             else f"the cluster's {len(nodes)} node(s)")
+    cpu_bound = "CPU" in needs and sum(_workers_that_fit(node, {"CPU": needs["CPU"]}) for node in nodes) < num_workers
     hints = []
     if fits:
         hints.append(f"use at most {fits} workers (COURSE_NUM_WORKERS={fits})")
@@ -77,69 +303,38 @@ def check_resources(scaling_config: ScalingConfig, nodes: list[dict[str, float]]
     accelerators = [key for key in needs if key.startswith(ACCELERATOR_PREFIX)]
     if accelerators and not all(totals[key] for key in accelerators):
         hints.append("drop the accelerator type (unset COURSE_ACCELERATOR_TYPE) or pick one the cluster has")
-    if not hints:
-        hints.append("ask for fewer resources per worker, or add nodes to the cluster")
+    if not hints or (cpu_bound and not fits):
+        hints.append("ask for fewer CPUs per worker (COURSE_CPUS_PER_WORKER), or add nodes to the cluster")
     raise ResourceRequestError(
         f"This run can never start: it asks for {num_workers} workers x ({ask}), "
-        f"and the cluster's {len(nodes)} node(s) have {have} in all, room for {fits} such worker(s).\n"
+        f"and {where} have {have} in all, room for {fits} such worker(s).\n"
         f"To fix it: {'; or '.join(hints)}."
     )
 
 
-def cpus_per_worker(num_workers: int, total_cpus: float, reserve_for_data: float = 0.0) -> float:
-    """Each CPU worker's share of the cluster's CPUs, after keeping `reserve_for_data` of them for Ray Data.
-
-    Whole CPUs, at least one (Ray sets the worker's torch threads to that number); a fraction only when
-    keeping CPUs for Ray Data leaves less than one each.
-    """
-    share = (total_cpus - reserve_for_data) / num_workers
-    if share >= 1 or not reserve_for_data:
-        return float(max(1, math.floor(share)))
-    return round(max(share, 0.1), 2)
-
-
-def scaling_config(cfg: CourseConfig, num_workers: int | None = None, use_gpu: bool | None = None,
-                   reserve_for_data: float = 0.0) -> ScalingConfig:
-    """Lesson 02's ScalingConfig, from the course configuration (the arguments override it).
-
-    One GPU per worker, or the cluster's CPUs split between the workers after keeping `reserve_for_data`
-    of them for Ray Data; the accelerator type from COURSE_ACCELERATOR_TYPE.
-    """
-    num_workers = cfg.num_workers if num_workers is None else num_workers
-    use_gpu = cfg.use_gpu if use_gpu is None else use_gpu
-    if use_gpu == "auto":
-        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    cpus = 1 if use_gpu else cpus_per_worker(num_workers, ray.cluster_resources()["CPU"], reserve_for_data)
-    return ScalingConfig(
-        num_workers=num_workers,
-        use_gpu=use_gpu,
-        resources_per_worker={"CPU": cpus, **({"GPU": 1} if use_gpu else {})},
-        accelerator_type=cfg.accelerator_type,
-    )
-
-
 def check_data_resources(
-    scaling_config: ScalingConfig, datasets: dict[str, Dataset], nodes: list[dict[str, float]] | None = None
+    scaling_config: ScalingConfig, datasets: dict[str, Dataset], capacity: Capacity | None = None
 ) -> None:
     """Raise ResourceRequestError when the training workers leave Ray Data no CPU for the datasets' work.
 
     While training iterates a dataset, Ray Data runs its reads and maps as Ray tasks of 1 CPU each.
     If the workers reserve every CPU, those tasks never start and `fit()` waits forever (Ray Data only
     logs "The job may hang forever"). A materialized dataset has no work left, so it needs no CPU.
+    On a cluster that can grow, Ray Data asks the autoscaler for CPUs too: no error.
     """
     pending = sorted(name for name, dataset in datasets.items() if not isinstance(dataset, MaterializedDataset))
     if not pending:
         return
-    if nodes is None:
-        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-    total_cpus = sum(node.get("CPU", 0.0) for node in nodes)
+    capacity = cluster_capacity() if capacity is None else capacity
+    total_cpus = sum(node.get("CPU", 0.0) for node in capacity.nodes)
     training_cpus = resources_per_worker(scaling_config).get("CPU", 0.0) * scaling_config.num_workers
-    if total_cpus - training_cpus >= 1:
+    if total_cpus - training_cpus >= 1 or capacity.can_grow:
         return
     workers = scaling_config.num_workers
     hints = ["materialize() the datasets before fit() if they fit in memory (lesson 03 does)"]
+    hosts = [node for node in capacity.nodes if node.get("CPU", 0.0) > 0]
     if total_cpus > 1:
-        share = cpus_per_worker(workers, total_cpus, reserve_for_data=1)
+        share = _cpus_each(hosts, workers, None, reserve_for_data=1)
         hints.append(f"give each worker less CPU, resources_per_worker={{'CPU': {share:g}}}, to keep 1 CPU for Ray Data")
     hints.append("or use fewer workers, or a bigger cluster")
     raise ResourceRequestError(
@@ -166,50 +361,58 @@ def start_autoscaling_coordinator() -> None:
 
 
 #: Where to keep runs so every node of a cluster sees them (the README's advice).
-SHARED_STORAGE_HINT = "shared storage every node mounts (NFS, /mnt/cluster_storage on Anyscale)"
+SHARED_STORAGE_HINT = "storage every node reaches (an NFS mount, /mnt/cluster_storage on Anyscale, or s3://...)"
 
 
 @ray.remote(num_cpus=0)
-def _sees(path: str) -> bool:
-    return os.path.exists(path)
+def _reaches(path: str) -> str | None:
+    """None when this node sees the file `path`, else why not."""
+    try:
+        return None if storage.is_file(path) else "not there"
+    except OSError as error:  # e.g. no credentials for the bucket on this node
+        return str(error).splitlines()[0]
 
 
-def _nodes_missing(probe: Path, timeout_s: float = 30.0) -> list[str]:
-    """The alive nodes on which `probe` does not exist (a task pinned to each node looks)."""
+def _nodes_missing(probe: str, timeout_s: float = 60.0) -> dict[str, str]:
+    """The alive nodes that do not see `probe`, and why (a task pinned to each node looks)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node_ids = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
-    checks = [_sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(str(probe))
+    checks = [_reaches.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(probe)
               for node_id in node_ids]
-    return [node_id for node_id, seen in zip(node_ids, ray.get(checks, timeout=timeout_s)) if not seen]
+    return {node_id: why for node_id, why in zip(node_ids, ray.get(checks, timeout=timeout_s)) if why}
 
 
-def check_storage_path(storage_path: str | Path) -> Path:
-    """Raise StoragePathError unless runs can be written to `storage_path` and every node sees it; return it.
+def check_storage_path(storage_path: str) -> str:
+    """Raise StoragePathError unless runs can be written to `storage_path` and every node reaches it; return it.
 
     Ray Train fails only after `fit()` has started its controller, with a pyarrow traceback, on a folder it
     cannot create; and on a multi-node cluster a folder local to one machine breaks checkpointing later.
-    This writes a probe file (creating the folder) and has a task on every node look for it.
+    This writes a probe file (creating the folder, or the prefix of a URI) and has a task on every node look
+    for it, through the same `pyarrow.fs` layer as Ray Train: a node without the bucket's credentials fails too.
     """
-    path = Path(storage_path)
-    probe = path / f".course-storage-check-{uuid.uuid4().hex[:8]}"
+    storage_path = str(storage_path)
+    probe = storage.join(storage_path, f".course-storage-check-{uuid.uuid4().hex[:8]}")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.write_text("written by helpers.cluster.check_storage_path\n")
-    except OSError as error:
+        storage.write_text(probe, "written by helpers.cluster.check_storage_path\n")
+    except OSError as error:  # pyarrow's: "Cannot create directory '...'. Detail: [errno 20] Not a directory"
+        reason = re.search(r"\[errno \d+\] ([^\n]+)", str(error))
+        reason = reason.group(1) if reason else str(error).splitlines()[0]
         raise StoragePathError(
-            f"Runs cannot be written to the storage path {path}: {error.strerror or error}.\n"
-            f"To fix it: set COURSE_STORAGE_PATH (or a script's --storage-path) to a folder you can write to; "
-            f"on a cluster, on {SHARED_STORAGE_HINT}."
+            f"Runs cannot be written to the storage path {storage_path}: {reason}.\n"
+            f"To fix it: set COURSE_STORAGE_PATH (or a script's --storage-path) to a folder or bucket you can write "
+            f"to; on a cluster, to {SHARED_STORAGE_HINT}."
         ) from None
     try:
         missing = _nodes_missing(probe)
     finally:
-        probe.unlink(missing_ok=True)
+        filesystem, fs_path = storage.resolve(probe)
+        filesystem.delete_file(fs_path)
     if missing:
+        details = "; ".join(f"{node_id[:8]}: {why}" for node_id, why in missing.items())
         raise StoragePathError(
-            f"The storage path {path} is local to this machine: {len(missing)} node(s) of the cluster do not see "
-            f"it ({', '.join(node[:8] for node in missing)}), so their checkpoints would be lost or unreadable.\n"
-            f"To fix it: set COURSE_STORAGE_PATH to {SHARED_STORAGE_HINT}."
+            f"The storage path {storage_path} is not reachable from {len(missing)} node(s) of the cluster "
+            f"({details}), so their checkpoints would be lost or unreadable.\n"
+            f"To fix it: set COURSE_STORAGE_PATH to {SHARED_STORAGE_HINT}, and give every node access to it."
         )
-    return path
+    return storage_path

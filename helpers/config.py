@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from dotenv import find_dotenv, load_dotenv
+
+from helpers.storage import is_uri
 
 #: The repository root when `helpers` is installed from a checkout (editable install).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -35,9 +37,13 @@ class CourseConfig:
 
     smoke_test: bool
     data_dir: Path
-    storage_path: Path
-    num_workers: int
+    #: An absolute local path (a folder, an NFS mount) or a URI such as s3://bucket/prefix.
+    storage_path: str
+    #: None until `setup()` sizes the run for the cluster (COURSE_NUM_WORKERS unset).
+    num_workers: int | None
     use_gpu: bool | Literal["auto"]
+    #: None: each worker gets its share of the CPUs of the node it runs on (COURSE_CPUS_PER_WORKER unset).
+    cpus_per_worker: float | None
     accelerator_type: str | None
     ray_address: str | None
 
@@ -46,27 +52,16 @@ class CourseConfig:
         """'smoke' (tiny runs, for CI and quick checks) or 'full' (the lesson's real size)."""
         return "smoke" if self.smoke_test else "full"
 
-    def with_gpu(self, available: bool) -> CourseConfig:
-        """Resolve `use_gpu='auto'` against whether the cluster has a GPU."""
-        if self.use_gpu == "auto":
-            return replace(self, use_gpu=available)
-        if self.use_gpu and not available:
-            raise ConfigError(
-                "COURSE_USE_GPU=true but the Ray cluster has no GPU. "
-                "Set COURSE_USE_GPU=auto (or false) to train on CPU, or connect to a cluster "
-                "with GPUs through RAY_ADDRESS."
-            )
-        return self
-
     def as_env(self) -> dict[str, str]:
-        """These settings as COURSE_* variables, to hand to Ray workers."""
+        """These settings as COURSE_* variables, to hand to Ray workers (empty: unset, decided by setup())."""
         gpu = "auto" if self.use_gpu == "auto" else ("1" if self.use_gpu else "0")
         return {
             "COURSE_SMOKE_TEST": "1" if self.smoke_test else "0",
             "COURSE_DATA_DIR": str(self.data_dir),
-            "COURSE_STORAGE_PATH": str(self.storage_path),
-            "COURSE_NUM_WORKERS": str(self.num_workers),
+            "COURSE_STORAGE_PATH": self.storage_path,
+            "COURSE_NUM_WORKERS": "" if self.num_workers is None else str(self.num_workers),
             "COURSE_USE_GPU": gpu,
+            "COURSE_CPUS_PER_WORKER": "" if self.cpus_per_worker is None else f"{self.cpus_per_worker:g}",
             "COURSE_ACCELERATOR_TYPE": self.accelerator_type or "",
         }
 
@@ -94,16 +89,16 @@ def _gpu(environ: Mapping[str, str], name: str) -> bool | Literal["auto"]:
         ) from None
 
 
-def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
+def _positive(environ: Mapping[str, str], name: str, parse: type[int] | type[float], accepted: str) -> float | None:
     raw = environ.get(name, "").strip()
     if raw == "":
-        return default
+        return None
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
         value = 0
-    if value < 1:
-        raise ConfigError(f"{name}={environ[name]!r} is not valid: use a whole number >= 1, e.g. {default}.")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{name}={environ[name]!r} is not valid: use {accepted}.")
     return value
 
 
@@ -120,6 +115,9 @@ def _path(environ: Mapping[str, str], name: str, default: Path) -> Path:
     raw = environ.get(name, "").strip()
     if raw == "":
         return default
+    if is_uri(raw):
+        raise ConfigError(f"{name}={raw!r} is not valid: use a local folder (or a shared mount every node sees); "
+                          "torchvision reads MNIST from local files.")
     path = Path(raw).expanduser()
     if not path.is_absolute():
         # Relative paths are taken from the repository root, not from wherever the kernel runs.
@@ -129,11 +127,18 @@ def _path(environ: Mapping[str, str], name: str, default: Path) -> Path:
     return path.resolve()
 
 
-def default_storage_path() -> Path:
+def _storage(environ: Mapping[str, str], name: str, default: str) -> str:
+    raw = environ.get(name, "").strip()
+    if is_uri(raw):  # s3://, gs://, ...: a remote filesystem, never a local folder named "s3:"
+        return raw.rstrip("/")
+    return str(_path(environ, name, Path(default)))
+
+
+def default_storage_path() -> str:
     """`/mnt/cluster_storage/ray-train-course` when that shared mount exists, else `<repo>/runs`."""
     if CLUSTER_STORAGE.is_dir():
-        return CLUSTER_STORAGE / "ray-train-course"
-    return REPO_ROOT / "runs"
+        return str(CLUSTER_STORAGE / "ray-train-course")
+    return str(REPO_ROOT / "runs")
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> CourseConfig:
@@ -145,9 +150,10 @@ def load_config(environ: Mapping[str, str] | None = None) -> CourseConfig:
     return CourseConfig(
         smoke_test=_bool(env, "COURSE_SMOKE_TEST", default=False),
         data_dir=_path(env, "COURSE_DATA_DIR", REPO_ROOT / "data"),
-        storage_path=_path(env, "COURSE_STORAGE_PATH", default_storage_path()),
-        num_workers=_positive_int(env, "COURSE_NUM_WORKERS", default=2),
+        storage_path=_storage(env, "COURSE_STORAGE_PATH", default_storage_path()),
+        num_workers=_positive(env, "COURSE_NUM_WORKERS", int, "a whole number >= 1, e.g. 2"),
         use_gpu=_gpu(env, "COURSE_USE_GPU"),
+        cpus_per_worker=_positive(env, "COURSE_CPUS_PER_WORKER", float, "a number of CPUs > 0, e.g. 2 or 0.5"),
         accelerator_type=_accelerator(env, "COURSE_ACCELERATOR_TYPE"),
         ray_address=env.get("RAY_ADDRESS", "").strip() or None,
     )

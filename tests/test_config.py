@@ -16,16 +16,17 @@ def test_defaults_without_any_variable(tmp_path, monkeypatch):
     cfg = load_config({})
     assert cfg.smoke_test is False and cfg.mode == "full"
     assert cfg.data_dir == REPO_ROOT / "data"
-    assert cfg.storage_path == REPO_ROOT / "runs"
-    assert cfg.num_workers == 2
+    assert cfg.storage_path == str(REPO_ROOT / "runs")
+    assert cfg.num_workers is None, "unset: setup() sizes the run for the cluster"
     assert cfg.use_gpu == "auto"
+    assert cfg.cpus_per_worker is None
     assert cfg.accelerator_type is None
     assert cfg.ray_address is None
 
 
 def test_storage_defaults_to_cluster_storage_when_mounted(tmp_path, monkeypatch):
     monkeypatch.setattr(config_module, "CLUSTER_STORAGE", tmp_path)
-    assert load_config({}).storage_path == tmp_path / "ray-train-course"
+    assert load_config({}).storage_path == str(tmp_path / "ray-train-course")
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("1", True), ("true", True), ("YES", True), ("on", True),
@@ -50,7 +51,7 @@ def test_explicit_values_and_relative_paths(tmp_path):
         "RAY_ADDRESS": "ray://head:10001",
     })
     assert cfg.data_dir == tmp_path / "datasets"
-    assert cfg.storage_path == REPO_ROOT / "some" / "runs"  # relative to the repository, not the cwd
+    assert cfg.storage_path == str(REPO_ROOT / "some" / "runs")  # relative to the repository, not the cwd
     assert cfg.num_workers == 4
     assert cfg.ray_address == "ray://head:10001"
 
@@ -62,6 +63,10 @@ def test_explicit_values_and_relative_paths(tmp_path):
     ("COURSE_NUM_WORKERS", "0", "whole number >= 1"),
     ("COURSE_NUM_WORKERS", "-3", "whole number >= 1"),
     ("COURSE_NUM_WORKERS", "1.5", "whole number >= 1"),
+    ("COURSE_CPUS_PER_WORKER", "many", "number of CPUs > 0"),
+    ("COURSE_CPUS_PER_WORKER", "0", "number of CPUs > 0"),
+    ("COURSE_CPUS_PER_WORKER", "-1", "number of CPUs > 0"),
+    ("COURSE_DATA_DIR", "s3://bucket/data", "use a local folder"),
     ("COURSE_ACCELERATOR_TYPE", "T4; rm -rf", "accelerator type such as T4"),
 ])
 def test_malformed_values_name_the_variable_and_the_accepted_values(name, raw, accepted):
@@ -84,20 +89,27 @@ def test_config_is_frozen():
         cfg.num_workers = 8  # type: ignore[misc]
 
 
-def test_gpu_resolution():
-    assert load_config({}).with_gpu(True).use_gpu is True
-    assert load_config({}).with_gpu(False).use_gpu is False
-    assert load_config({"COURSE_USE_GPU": "0"}).with_gpu(True).use_gpu is False
-    with pytest.raises(ConfigError, match="COURSE_USE_GPU=true but the Ray cluster has no GPU"):
-        load_config({"COURSE_USE_GPU": "1"}).with_gpu(False)
+def test_storage_uris_stay_uris(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for uri in ("s3://my-bucket/course", "s3://my-bucket/course/", "gs://bucket/course"):
+        assert load_config({"COURSE_STORAGE_PATH": uri}).storage_path == uri.rstrip("/")
+    assert not (tmp_path / "s3:").exists() and not (REPO_ROOT / "s3:").exists()
+
+
+def test_cpus_per_worker_values():
+    assert load_config({"COURSE_CPUS_PER_WORKER": "4"}).cpus_per_worker == 4.0
+    assert load_config({"COURSE_CPUS_PER_WORKER": " 0.5 "}).cpus_per_worker == 0.5
 
 
 def test_as_env_round_trips(tmp_path):
     cfg = load_config({"COURSE_SMOKE_TEST": "1", "COURSE_DATA_DIR": str(tmp_path), "COURSE_NUM_WORKERS": "3",
-                       "COURSE_USE_GPU": "false"})
+                       "COURSE_USE_GPU": "false", "COURSE_CPUS_PER_WORKER": "1.5",
+                       "COURSE_STORAGE_PATH": "s3://bucket/course"})
     assert load_config(cfg.as_env()) == cfg
     assert set(cfg.as_env()) == {"COURSE_SMOKE_TEST", "COURSE_DATA_DIR", "COURSE_STORAGE_PATH",
-                                 "COURSE_NUM_WORKERS", "COURSE_USE_GPU", "COURSE_ACCELERATOR_TYPE"}
+                                 "COURSE_NUM_WORKERS", "COURSE_USE_GPU", "COURSE_CPUS_PER_WORKER",
+                                 "COURSE_ACCELERATOR_TYPE"}
+    assert load_config(load_config({}).as_env()) == load_config({}), "unset values stay unset"
     with_accelerator = load_config({"COURSE_ACCELERATOR_TYPE": "T4"})
     assert with_accelerator.accelerator_type == "T4"
     assert load_config(with_accelerator.as_env()) == with_accelerator
