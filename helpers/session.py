@@ -8,6 +8,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import helpers
@@ -37,6 +38,62 @@ def runtime_env(cfg: CourseConfig) -> dict:
             "env_vars": {**cfg.as_env(), "PYTHONWARNINGS": warning_filters}}
 
 
+#: Where Ray reads a cluster's token from, in its order (Ray 2.60: ray/_private/authentication/).
+TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
+
+
+def token_source() -> str | None:
+    """Where this process would read Ray's token from: a variable, or the default file; None when it has none."""
+    for name in TOKEN_VARS:
+        if os.environ.get(name, "").strip():
+            return name
+    return str(DEFAULT_TOKEN_FILE) if DEFAULT_TOKEN_FILE.expanduser().is_file() else None
+
+
+def send_token_if_given() -> bool:
+    """Before joining a cluster: send Ray's token when one is given, by setting RAY_AUTH_MODE=token.
+
+    Ray sends the token only with RAY_AUTH_MODE=token in the joining process's environment; with
+    RAY_AUTH_TOKEN alone, a cluster with token auth refuses the connection. An explicit RAY_AUTH_MODE wins.
+    Returns whether this process now sends the token.
+    """
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+    mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
+    if mode:
+        return mode == "token"
+    if token_source() is None:
+        return False
+    _enable_token_auth()  # what Ray itself does for a local cluster: RAY_AUTH_MODE=token, config reloaded
+    return True
+
+
+def _token_required() -> bool:
+    """True when the Ray node running this code enforces token authentication (read inside a Ray worker)."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
+
+
+def token_auth_state(joined: bool) -> str:
+    """The cluster's token authentication, as Ray reports it: on the cluster's side when this kernel joined one.
+
+    A local Ray runs with this process's mode. A joined cluster is asked by a small task on one of its nodes:
+    this kernel sending a token does not mean the cluster requires one.
+    """
+    import ray
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    if joined:
+        required = ray.get(ray.remote(num_cpus=0)(_token_required).remote(), timeout=120)
+    else:
+        required = is_token_auth_enabled()
+    if not required:
+        return "OFF: anyone who reaches the cluster's ports can run code on it (see the README, Security defaults)"
+    return f"on: Ray requires its token (this kernel's from {token_source()})"
+
+
 def start_ray(cfg: CourseConfig) -> float:
     """Start an embedded local Ray (or connect to `RAY_ADDRESS`); return the seconds it took."""
     import ray
@@ -44,6 +101,8 @@ def start_ray(cfg: CourseConfig) -> float:
     global _dashboard_url
 
     local = {} if cfg.ray_address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
+    if cfg.ray_address:
+        send_token_if_given()
     if not cfg.ray_address:
         # One machine is never preempted: skip the actor Ray Train starts on every fit() to watch for node
         # preemption. On 2 cores that process competes with the workers' start-up: fit() to first step
@@ -72,6 +131,8 @@ def setup() -> CourseConfig:
     import ray
     import torch
 
+    from helpers.cluster import cluster_capacity, plan_workers
+
     dotenv = load_dotenv_file()
     cfg = load_config()
     if ray.is_initialized():
@@ -80,20 +141,20 @@ def setup() -> CourseConfig:
         seconds = start_ray(cfg)
         how = f"connected to {cfg.ray_address}" if cfg.ray_address else "started a local Ray"
         how += f" in {seconds:.1f} s"
-    resources = ray.cluster_resources()
-    cfg = cfg.with_gpu(resources.get("GPU", 0) > 0)
+    capacity = cluster_capacity()
+    plan = plan_workers(cfg, capacity=capacity)  # GPUs or CPUs, how many workers, and why
+    cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers)
     rows = {
         "mode": f"{cfg.mode}" + ("  (tiny runs: COURSE_SMOKE_TEST=1)" if cfg.smoke_test else "  (the lesson's real size)"),
         "device": "cuda (GPU)" if cfg.use_gpu else "cpu",
         "data dir": str(cfg.data_dir),
-        "storage path": str(cfg.storage_path),
-        "num_workers": str(cfg.num_workers),
+        "storage path": cfg.storage_path,
+        "workers": plan.describe(),
         ".env": str(dotenv) if dotenv else "none found (environment and defaults)",
         "Ray": f"{ray.__version__}, {how}",
-        "cluster": f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs, "
-        f"{len(ray.nodes())} node(s)",
+        "cluster": capacity.describe(),
         "dashboard": f"http://{_dashboard_url}" if _dashboard_url else "not running",
-        "token auth": "on" if os.environ.get("RAY_AUTH_MODE") == "token" else "OFF (see RAY_AUTH_MODE)",
+        "token auth": token_auth_state(joined=bool(cfg.ray_address)),
         "torch": torch.__version__,
     }
     width = max(map(len, rows))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import ray
 
 from helpers import load_config, setup
+from helpers.cluster import plan_workers
 from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get
 
 
@@ -25,11 +28,16 @@ def ray_setup():
 def test_setup_starts_ray_prints_the_settings_and_survives_a_rerun(ray_setup, capsys):
     cfg = setup()
     first = capsys.readouterr().out
-    for key in ("mode", "device", "data dir", "storage path", "Ray", "dashboard", "token auth", "torch"):
+    for key in ("mode", "device", "data dir", "storage path", "workers", "Ray", "cluster", "dashboard", "token auth",
+                "torch"):
         assert f"\n{key}" in f"\n{first}", f"setup() should print {key!r}"
     assert "started a local Ray" in first
     assert "http://127.0.0.1:" in first, "the dashboard must listen on loopback"
-    assert "token auth   : on" in first
+    assert "token auth   : on: Ray requires its token" in first
+    # How many workers it chose, and why: the plan that lessons 02-06 and the scripts use.
+    plan = plan_workers(load_config())
+    assert f"workers      : {plan.describe()}" in first and cfg.num_workers == plan.num_workers
+    assert f"cluster      : {ray.cluster_resources()['CPU']:g} CPUs" in first
     assert cfg.use_gpu in (True, False), "setup() resolves use_gpu='auto' against the cluster"
     assert cfg.use_gpu == (ray.cluster_resources().get("GPU", 0) > 0)
     # A local Ray is one machine: Ray Train's preemption watcher is off (every fit() reads this variable).
@@ -65,3 +73,31 @@ def test_the_dashboard_answers_only_with_rays_token(ray_setup):
     assert dashboard_get("/api/v0/actors", token=False)[0] == 401
     status, body = dashboard_get("/api/v0/actors")
     assert status == 200 and body["result"] is True
+
+
+def _token_mode_after_join_preparation(tmp_path, **env: str) -> str:
+    """RAY_AUTH_MODE after `send_token_if_given()`, in a fresh process with `env` and an empty home folder."""
+    code = "import os; from helpers.session import send_token_if_given; send_token_if_given(); " \
+           "print(os.environ.get('RAY_AUTH_MODE', 'unset'))"
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("RAY_AUTH")}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, "HOME": str(tmp_path), **env},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_given_token_is_sent_when_joining_a_cluster(tmp_path):
+    # Ray sends a token only with RAY_AUTH_MODE=token; with RAY_AUTH_TOKEN alone, joining a token-auth cluster fails.
+    assert _token_mode_after_join_preparation(tmp_path, RAY_AUTH_TOKEN="0123abcd") == "token"
+    token_file = tmp_path / "token"
+    token_file.write_text("0123abcd")
+    assert _token_mode_after_join_preparation(tmp_path, RAY_AUTH_TOKEN_PATH=str(token_file)) == "token"
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0123abcd")  # where `ray start` and ray.init() keep theirs
+    assert _token_mode_after_join_preparation(tmp_path) == "token"
+
+
+def test_no_token_or_an_explicit_mode_is_left_alone(tmp_path):
+    assert _token_mode_after_join_preparation(tmp_path) == "unset"
+    assert _token_mode_after_join_preparation(tmp_path, RAY_AUTH_TOKEN="0123abcd", RAY_AUTH_MODE="disabled") == \
+        "disabled"
