@@ -1,4 +1,11 @@
-"""Locating and loading the course datasets: offline copies first, real downloads otherwise."""
+"""Locating and loading the course datasets: offline copies first, real downloads otherwise.
+
+The rule on a cluster: every process that loads MNIST (the driver, and in lesson 02 each Ray Train worker)
+reads it from `COURSE_DATA_DIR` on its own node. Put that folder on a mount every node shares, or let each
+node download its own copy there: the first process on a node downloads under a file lock, the others wait
+and reuse it. From lesson 03 on, only the driver reads MNIST: the workers read the Parquet copy under the
+storage path.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from filelock import FileLock
 from torchvision import datasets, transforms
 
 #: The four IDX files torchvision's MNIST looks for under `<data_dir>/MNIST/raw/`.
@@ -43,23 +51,42 @@ def can_reach(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def load_mnist(data_dir: str | Path, train: bool = True, transform=None) -> datasets.MNIST:
-    """MNIST through torchvision's own loader: from `data_dir` when present, else downloaded.
+def _this_node() -> str:
+    """This machine's name, and its Ray node's id when Ray runs: for error messages."""
+    import ray
 
-    Raises DataNotFoundError within seconds when the files are missing and no mirror answers,
-    instead of letting a download hang on a machine without internet.
+    if ray.is_initialized():
+        return f"node {ray.get_runtime_context().get_node_id()[:8]} ({socket.gethostname()})"
+    return f"this machine ({socket.gethostname()})"
+
+
+def _missing_data_error(data_dir: Path, why: str) -> DataNotFoundError:
+    return DataNotFoundError(
+        f"MNIST is not in {data_dir / 'MNIST' / 'raw'} on {_this_node()}, and {why}.\n"
+        "Do one of these:\n"
+        "  - go online and re-run: torchvision downloads MNIST (about 12 MB) there, once per node;\n"
+        "  - or point COURSE_DATA_DIR (in your environment or .env) at a folder holding "
+        f"MNIST/raw/{{{','.join(MNIST_RAW_FILES)}}}; on a cluster, on a mount every node shares."
+    )
+
+
+def load_mnist(data_dir: str | Path, train: bool = True, transform=None) -> datasets.MNIST:
+    """MNIST through torchvision's own loader: from `data_dir` on this node when present, else downloaded there.
+
+    Processes on one node download one copy: the first takes a file lock in `data_dir`, the others wait
+    for it and then find the files. Raises DataNotFoundError within seconds when the files are missing
+    and no mirror answers (or `data_dir` cannot be created on this node), instead of a hanging download.
     """
     data_dir = Path(data_dir)
     transform = mnist_transform() if transform is None else transform
     if not mnist_is_present(data_dir):
         if not any(can_reach(mirror) for mirror in datasets.MNIST.mirrors):
-            raise DataNotFoundError(
-                f"MNIST is not in {data_dir / 'MNIST' / 'raw'} and no download mirror is reachable "
-                f"({', '.join(datasets.MNIST.mirrors)}).\n"
-                "Do one of these:\n"
-                "  - go online and re-run this cell: torchvision downloads MNIST (about 12 MB) there;\n"
-                "  - or point COURSE_DATA_DIR (in your environment or .env) at a folder holding "
-                f"MNIST/raw/{{{','.join(MNIST_RAW_FILES)}}}."
-            )
-        data_dir.mkdir(parents=True, exist_ok=True)
-    return datasets.MNIST(root=str(data_dir), train=train, download=True, transform=transform)
+            raise _missing_data_error(data_dir, f"no download mirror is reachable ({', '.join(datasets.MNIST.mirrors)})")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise _missing_data_error(data_dir, f"the folder cannot be created there ({error.strerror})") from None
+        with FileLock(data_dir / ".mnist-download.lock"):
+            if not mnist_is_present(data_dir):  # another process on this node may have downloaded it meanwhile
+                datasets.MNIST(root=str(data_dir), train=train, download=True)
+    return datasets.MNIST(root=str(data_dir), train=train, download=False, transform=transform)

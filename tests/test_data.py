@@ -56,3 +56,69 @@ def test_can_reach():
         server.listen()
         assert can_reach(f"http://127.0.0.1:{server.getsockname()[1]}/")
     assert not can_reach(f"http://127.0.0.1:{_closed_port()}/", timeout=1)
+
+
+@pytest.fixture
+def local_mirror(tmp_path, monkeypatch):
+    """An HTTP server on 127.0.0.1 serving MNIST's .gz files, made from the offline copy; counts each download."""
+    import gzip
+    import hashlib
+    import http.server
+    import threading
+    from collections import Counter
+
+    raw = load_config().data_dir / "MNIST" / "raw"
+    served, resources = tmp_path / "mirror", []
+    served.mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        data = gzip.compress((raw / name).read_bytes(), compresslevel=1)
+        (served / f"{name}.gz").write_bytes(data)
+        resources.append((f"{name}.gz", hashlib.md5(data).hexdigest()))
+    downloads = Counter()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def do_GET(self):
+            downloads[self.path] += 1
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(datasets.MNIST, "mirrors", [f"http://127.0.0.1:{server.server_address[1]}/"])
+    monkeypatch.setattr(datasets.MNIST, "resources", resources)
+    yield downloads
+    server.shutdown()
+
+
+def _train_images(data_dir: str, mirrors: list[str], resources: list[tuple[str, str]]) -> int:
+    """In a new process: load MNIST's training set from `data_dir`, downloading it from the given mirror if needed."""
+    datasets.MNIST.mirrors, datasets.MNIST.resources = mirrors, resources
+    return len(load_mnist(data_dir, train=True))
+
+
+def test_processes_on_one_node_download_one_copy_under_a_lock(local_mirror, tmp_path):
+    import multiprocessing
+
+    source = (datasets.MNIST.mirrors, datasets.MNIST.resources)
+    assert _train_images(str(tmp_path / "alone"), *source) == 60_000  # torchvision's requests for one copy
+    one_copy = dict(local_mirror)
+    local_mirror.clear()
+    data_dir = tmp_path / "node-local" / "data"  # not there yet, as the driver's data dir on a new node
+    with multiprocessing.get_context("spawn").Pool(3) as pool:  # three workers of one node, at once
+        assert pool.starmap(_train_images, [(str(data_dir), *source)] * 3) == [60_000] * 3
+    assert dict(local_mirror) == one_copy, "three processes on one node downloaded more than one copy"
+    assert mnist_is_present(data_dir)
+
+
+def test_a_data_dir_that_cannot_be_created_on_a_node_says_so(local_mirror):
+    with pytest.raises(DataNotFoundError) as error:
+        load_mnist("/proc/course-data", train=False)
+    message = str(error.value)
+    assert "on this machine" in message and "cannot be created there" in message
+    assert "on a mount every node shares" in message
