@@ -58,7 +58,8 @@ def train_loop_per_worker(config: dict) -> None:
         metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": test["loss"],
                    "test_acc": test["accuracy"], "epoch_s": epoch_s,
                    "images_per_s": num_images * world_size / epoch_s,  # all workers' images
-                   "epoch_started_at": started_at}
+                   "epoch_started_at": started_at,
+                   "node_id": ray.get_runtime_context().get_node_id()}  # the node this worker runs on
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None
             if rank == 0:  # [7] one copy of the weights is enough: rank 0 writes it

@@ -79,6 +79,7 @@ def train_loop_per_worker(config: dict) -> None:
         metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": valid["loss"],
                    "test_acc": valid["accuracy"], "epoch_s": epoch_s,
                    "images_per_s": num_images * world_size / epoch_s,
+                   "node_id": ray.get_runtime_context().get_node_id(),
                    "start_epoch": start_epoch}  # [6] where the attempt that trained this epoch began
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import numpy as np
 import torch
+from ray.train import Checkpoint
 
 from helpers.models import resnet18_mnist
 
 
-def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """A ResNet-18 with the weights of a course checkpoint (`model.pt`), in eval mode on `device`."""
+def load_model(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """A ResNet-18 with the weights of a course checkpoint (`model.pt`), in eval mode on `device`.
+
+    `checkpoint.as_directory()` is the folder itself on a local or shared filesystem, and a temporary
+    download of it when the checkpoint lives in object storage (s3://, gs://).
+    """
     model = resnet18_mnist()
-    model.load_state_dict(torch.load(Path(checkpoint_dir) / "model.pt", map_location="cpu"))
+    with checkpoint.as_directory() as checkpoint_dir:
+        model.load_state_dict(torch.load(os.path.join(checkpoint_dir, "model.pt"), map_location="cpu"))
     return model.to(device).eval()
 
 
@@ -24,9 +30,9 @@ class MNISTPredictor:
     loaded once per actor, in `__init__`, not once per batch.
     """
 
-    def __init__(self, checkpoint_dir: str):
+    def __init__(self, checkpoint: Checkpoint):
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a GPU when the actor has one
-        self.model = load_model(checkpoint_dir, self.device)
+        self.model = load_model(checkpoint, self.device)
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +19,12 @@ import ray.data
 import ray.train
 import ray.train.torch
 import torch
+from ray.data.datasource import FilenameProvider
 from ray.data.extensions import ArrowTensorArray
 from torch import nn
 
-from helpers.cluster import check_data_resources, check_resources, scaling_config, start_autoscaling_coordinator
+from helpers import storage
+from helpers.cluster import check_data_resources, check_resources, course_scaling_config, start_autoscaling_coordinator
 from helpers.config import CourseConfig
 from helpers.data import load_mnist, mnist_transform
 from helpers.models import resnet18_mnist
@@ -56,27 +55,40 @@ def quiet_cpu_race_warning():
         dataset_logger.setLevel(level)
 
 
-def write_mnist_parquet(data_dir: str | Path, storage_path: str | Path, num_files: int = 8) -> Path:
+#: Written last into a split's folder: the split is complete (Ray Data reads only the `.parquet` files).
+COMPLETE_MARKER = "_SUCCESS"
+
+
+class _NumberedFiles(FilenameProvider):
+    """`part-00000.parquet`, ...: the same names in every write, so a repeated or concurrent write of the same
+    split replaces files instead of adding a second copy of the rows."""
+
+    def __init__(self):
+        super().__init__(file_format="parquet")
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return f"part-{task_index:05d}.parquet"
+
+
+def write_mnist_parquet(data_dir: str | Path, storage_path: str, num_files: int = 8) -> str:
     """Write MNIST (uint8 images, int64 labels) as Parquet under `storage_path`, once; return the folder.
 
-    An existing copy is reused, never rewritten. Each split is written to a temporary folder and
-    renamed into place, so an interrupted write never leaves a half-written dataset behind.
+    Works for a local or shared folder and for a bucket (s3://, gs://), which has no atomic rename: a split
+    counts as written once its `_SUCCESS` marker is there, and is then reused, never rewritten. A split
+    interrupted before its marker is written again from scratch.
     """
-    root = Path(storage_path) / "datasets" / "mnist-parquet"
+    root = storage.join(storage_path, "datasets", "mnist-parquet")
     for split, train in (("train", True), ("test", False)):
-        target = root / split
-        if target.is_dir():
+        target = storage.join(root, split)
+        if storage.is_file(storage.join(target, COMPLETE_MARKER)):
             continue
         mnist = load_mnist(data_dir, train=train)
         table = pa.table({"image": ArrowTensorArray.from_numpy(mnist.data.numpy()),
                           "label": mnist.targets.numpy().astype(np.int64)})
-        partial = root / f".{split}.partial-{uuid.uuid4().hex[:8]}"
         with quiet_cpu_race_warning():
-            ray.data.from_arrow(table, override_num_blocks=num_files).write_parquet(str(partial))
-        try:
-            os.rename(partial, target)  # atomic
-        except OSError:  # another process finished the same split first: keep its copy
-            shutil.rmtree(partial)
+            ray.data.from_arrow(table, override_num_blocks=num_files).write_parquet(
+                target, filename_provider=_NumberedFiles(), mode=ray.data.SaveMode.OVERWRITE)  # replaces a half-written try
+        storage.write_text(storage.join(target, COMPLETE_MARKER), "")
     return root
 
 
@@ -106,7 +118,7 @@ def in_file_order():
         options.preserve_order = before  # training's ingest (read at fit()) streams in any order
 
 
-def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = None, materialize: bool = True) -> dict:
+def mnist_datasets(parquet_root: str, max_rows: dict[str, int] | None = None, materialize: bool = True) -> dict:
     """The datasets lesson 03 hands to Ray Train: read the Parquet files, normalise, keep the result.
 
     `max_rows` caps the rows of "train" and/or "valid" (smoke mode passes SMOKE_ROWS): the first rows.
@@ -114,7 +126,7 @@ def mnist_datasets(parquet_root: str | Path, max_rows: dict[str, int] | None = N
     datasets = {}
     for name, split in (("train", "train"), ("valid", "test")):
         with in_file_order():  # [1] the same rows in the same blocks in every session
-            dataset = ray.data.read_parquet(str(Path(parquet_root) / split))  # [2] parallel read tasks
+            dataset = ray.data.read_parquet(storage.join(parquet_root, split))  # [2] parallel read tasks
         if max_rows and name in max_rows:
             dataset = dataset.limit(max_rows[name])
         dataset = dataset.map_batches(normalize_batch)  # [3] vectorised preprocessing, on the CPU pool
@@ -133,7 +145,7 @@ def prepare_ray_data_training(cfg: CourseConfig, max_rows: dict[str, int] | None
     builds the materialized datasets, checks that Ray Data has the CPUs they still need, and starts Ray
     Train's autoscaling coordinator. Returns `(parquet_root, datasets, scaling)`.
     """
-    scaling = scaling_config(cfg)
+    scaling = course_scaling_config(cfg)
     check_resources(scaling)
     parquet_root = write_mnist_parquet(cfg.data_dir, cfg.storage_path)
     datasets = mnist_datasets(parquet_root, max_rows)
@@ -199,7 +211,8 @@ def train_loop_per_worker(config: dict) -> None:
         valid = evaluate_shard(plain_model, valid_shard, batch_size=512)  # [7] shards, then all-reduce
         metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": valid["loss"],
                    "test_acc": valid["accuracy"], "epoch_s": epoch_s,
-                   "images_per_s": num_images * world_size / epoch_s, "epoch_started_at": started_at}
+                   "images_per_s": num_images * world_size / epoch_s, "epoch_started_at": started_at,
+                   "node_id": ray.get_runtime_context().get_node_id()}
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None
             if rank == 0:  # as in lesson 02: rank 0 writes, every worker reports

@@ -21,7 +21,7 @@ from ray.train.torch import TorchTrainer
 from ray.util.state import list_actors
 
 from helpers import setup
-from helpers.cluster import scaling_config
+from helpers.cluster import course_scaling_config
 from helpers.config import load_config
 from helpers.fault_tolerance import train_loop_per_worker
 from helpers.ingest import mnist_datasets, write_mnist_parquet
@@ -39,7 +39,7 @@ def fit(storage_path: str | Path, name: str, parquet_root: str | Path, fail_at=N
         train_loop_config={"num_epochs": NUM_EPOCHS, "global_batch_size": 128, "lr": 1e-3, "seed": 0,
                            "prefetch_batches": 1, "fail_at": fail_at},
         datasets=mnist_datasets(parquet_root, ROWS),
-        scaling_config=scaling_config(load_config(), num_workers=2, use_gpu=False),
+        scaling_config=course_scaling_config(load_config(), num_workers=2, use_gpu=False),
         run_config=RunConfig(storage_path=str(storage_path), name=name, callbacks=[MetricsHistory()],
                              failure_config=FailureConfig(max_failures=max_failures)),
     )
@@ -51,7 +51,7 @@ def cluster(tmp_path_factory):
     assert not ray.is_initialized()
     cfg = setup()
     storage = tmp_path_factory.mktemp("runs")
-    yield cfg, storage, write_mnist_parquet(cfg.data_dir, storage)
+    yield cfg, storage, write_mnist_parquet(cfg.data_dir, str(storage))
     ray.shutdown()
 
 

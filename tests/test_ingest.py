@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,12 +12,13 @@ import ray
 from ray.train import ScalingConfig
 
 from helpers import setup
-from helpers.cluster import ResourceRequestError, check_data_resources, cpus_per_worker
+from helpers import storage
+from helpers.cluster import Capacity, ResourceRequestError, check_data_resources, plan_workers
 from helpers.data import load_mnist
 from helpers.ingest import (NUM_BLOCKS, SMOKE_ROWS, mnist_datasets, normalize_batch, prepare_ray_data_training,
                             transform_row, write_mnist_parquet)
 
-LAPTOP = [{"CPU": 2.0}]
+LAPTOP = Capacity([{"CPU": 2.0}])
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def parquet_root(cfg, tmp_path_factory):
-    return write_mnist_parquet(cfg.data_dir, tmp_path_factory.mktemp("storage"))
+    return write_mnist_parquet(cfg.data_dir, str(tmp_path_factory.mktemp("storage")))
 
 
 def test_per_row_and_per_batch_transforms_give_the_same_tensors(cfg):
@@ -42,16 +44,29 @@ def test_per_row_and_per_batch_transforms_give_the_same_tensors(cfg):
 
 def test_parquet_holds_all_of_mnist_and_is_written_only_once(cfg, parquet_root):
     mnist = load_mnist(cfg.data_dir, train=True)
-    train = ray.data.read_parquet(str(parquet_root / "train"))
+    train = ray.data.read_parquet(storage.join(parquet_root, "train"))
     assert train.count() == 60_000
     labels = train.select_columns(["label"]).to_pandas()["label"].to_numpy()
     assert np.array_equal(np.bincount(labels, minlength=10), np.bincount(mnist.targets.numpy(), minlength=10))
-    assert ray.data.read_parquet(str(parquet_root / "test")).count() == 10_000
+    assert ray.data.read_parquet(storage.join(parquet_root, "test")).count() == 10_000
+    root = Path(parquet_root)
+    names = sorted(path.name for path in (root / "train").iterdir())
+    assert names[0] == "_SUCCESS" and len(names) == 9 and all(name.startswith("part-00") for name in names[1:])
 
-    files = {path: path.stat().st_mtime_ns for path in parquet_root.rglob("*.parquet")}
-    assert write_mnist_parquet(cfg.data_dir, parquet_root.parent.parent) == parquet_root
-    assert {path: path.stat().st_mtime_ns for path in parquet_root.rglob("*.parquet")} == files, "rewritten"
-    assert not list(parquet_root.glob(".*partial*")), "a temporary folder was left behind"
+    files = {path: path.stat().st_mtime_ns for path in root.rglob("*.parquet")}
+    assert write_mnist_parquet(cfg.data_dir, str(root.parent.parent)) == parquet_root
+    assert {path: path.stat().st_mtime_ns for path in root.rglob("*.parquet")} == files, "rewritten"
+
+
+def test_an_interrupted_write_is_written_again_without_duplicate_rows(cfg, tmp_path):
+    root = write_mnist_parquet(cfg.data_dir, str(tmp_path))
+    (tmp_path / "datasets" / "mnist-parquet" / "test" / "_SUCCESS").unlink()  # as if stopped before the marker
+    test = tmp_path / "datasets" / "mnist-parquet" / "test"
+    parts = sorted(test.glob("*.parquet"))
+    parts[3].unlink()
+    parts[0].rename(test / "part-99999.parquet")  # a file no new write would replace
+    assert write_mnist_parquet(cfg.data_dir, str(tmp_path)) == root
+    assert ray.data.read_parquet(storage.join(root, "test")).count() == 10_000
 
 
 def test_the_training_datasets_are_normalised_and_materialized(parquet_root):
@@ -60,7 +75,7 @@ def test_the_training_datasets_are_normalised_and_materialized(parquet_root):
     batch = datasets["train"].take_batch(8)
     assert batch["image"].shape == (8, 1, 28, 28) and batch["image"].dtype == np.float32
     assert -1.0 <= batch["image"].min() < batch["image"].max() <= 1.0
-    check_data_resources(ScalingConfig(num_workers=2), datasets, nodes=LAPTOP)  # nothing left to compute
+    check_data_resources(ScalingConfig(num_workers=2), datasets, LAPTOP)  # nothing left to compute
 
 
 def test_capped_datasets_hold_the_first_rows_in_file_order(cfg, parquet_root):
@@ -82,16 +97,18 @@ def test_materialized_datasets_come_in_equal_blocks_that_workers_get_whole(parqu
         assert rows == [SMOKE_ROWS[name] // NUM_BLOCKS] * NUM_BLOCKS, name
 
 
-def test_streaming_datasets_need_a_cpu_beside_the_workers(parquet_root):
+def test_streaming_datasets_need_a_cpu_beside_the_workers(cfg, parquet_root):
     streaming = mnist_datasets(parquet_root, SMOKE_ROWS, materialize=False)
     with pytest.raises(ResourceRequestError) as error:
-        check_data_resources(ScalingConfig(num_workers=2), streaming, nodes=LAPTOP)
+        check_data_resources(ScalingConfig(num_workers=2), streaming, LAPTOP)
     message = str(error.value)
     assert "reserve 2 of the cluster's 2 CPUs" in message and "['train', 'valid']" in message
     assert "materialize()" in message and "resources_per_worker={'CPU': 0.5}" in message
-    half = ScalingConfig(num_workers=2, resources_per_worker={"CPU": cpus_per_worker(2, 2.0, reserve_for_data=1)})
-    check_data_resources(half, streaming, nodes=LAPTOP)
-    check_data_resources(ScalingConfig(num_workers=2), streaming, nodes=[{"CPU": 4.0}])
+    half = plan_workers(cfg, 2, use_gpu=False, reserve_for_data=1, capacity=LAPTOP).resources_per_worker
+    check_data_resources(ScalingConfig(num_workers=2, resources_per_worker=half), streaming, LAPTOP)
+    check_data_resources(ScalingConfig(num_workers=2), streaming, Capacity([{"CPU": 4.0}]))
+    # Where an autoscaler can add nodes, Ray Data asks it for CPUs too: no error.
+    check_data_resources(ScalingConfig(num_workers=2), streaming, Capacity([{"CPU": 2.0}], can_grow=True))
 
 
 def test_the_live_check_fails_at_once_where_fit_would_hang(cfg, parquet_root):
@@ -106,14 +123,6 @@ def test_the_live_check_fails_at_once_where_fit_would_hang(cfg, parquet_root):
 def test_an_impossible_request_fails_before_any_data_work(cfg, tmp_path):
     started = time.monotonic()
     with pytest.raises(ResourceRequestError, match="asks for 64 workers"):
-        prepare_ray_data_training(dataclasses.replace(cfg, num_workers=64, storage_path=tmp_path), SMOKE_ROWS)
+        prepare_ray_data_training(dataclasses.replace(cfg, num_workers=64, storage_path=str(tmp_path)), SMOKE_ROWS)
     assert time.monotonic() - started < 10
     assert not (tmp_path / "datasets").exists(), "Parquet was written before the request was checked"
-
-
-@pytest.mark.parametrize("num_workers, total_cpus, reserve, expected", [
-    (2, 2.0, 0, 1.0), (1, 2.0, 0, 2.0), (3, 8.0, 0, 2.0), (4, 2.0, 0, 1.0),
-    (2, 2.0, 1, 0.5), (2, 16.0, 1, 7.0), (4, 2.0, 1, 0.25),
-])
-def test_cpus_per_worker(num_workers, total_cpus, reserve, expected):
-    assert cpus_per_worker(num_workers, total_cpus, reserve) == expected

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 from matplotlib.figure import Figure
+from ray.train import Checkpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -83,8 +84,9 @@ def test_the_predictor_loads_a_checkpoint_once_and_labels_batches(tmp_path):
     model = resnet18_mnist().eval()
     torch.save(model.state_dict(), tmp_path / "model.pt")
     images = torch.randn(6, 1, 28, 28)
-    predictor = MNISTPredictor(str(tmp_path))
+    checkpoint = Checkpoint.from_directory(str(tmp_path))
+    predictor = MNISTPredictor(checkpoint)
     batch = predictor({"image": images.numpy(), "label": torch.arange(6).numpy()})
     assert batch["prediction"].tolist() == model(images).argmax(dim=1).tolist()
     assert list(batch) == ["image", "label", "prediction"]
-    assert not load_model(tmp_path).training, "a loaded model is in eval mode"
+    assert not load_model(checkpoint).training, "a loaded model is in eval mode"
