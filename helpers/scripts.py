@@ -1,4 +1,4 @@
-"""What the course's command-line training scripts share: flags, the summary line, error handling."""
+"""What the course's command-line training scripts share: flags, the summary lines, error handling."""
 
 from __future__ import annotations
 
@@ -6,44 +6,71 @@ import argparse
 from collections.abc import Callable
 
 import ray
-from ray.train import Result
+from ray.train import Result, WorkerGroupError
 
 from helpers.cluster import ResourceRequestError, StoragePathError
 from helpers.config import ConfigError, load_config, load_dotenv_file
 from helpers.data import DataNotFoundError
+from helpers.results import read_history
 
 
 def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """`--num-workers --epochs --use-gpu --smoke-test --storage-path`, defaulting to the course configuration."""
+    """`--num-workers --epochs --use-gpu/--no-use-gpu --smoke-test --storage-path`, defaulting to the configuration.
+
+    Unset, `--num-workers` and `--use-gpu` are None: the course sizes the run for the cluster, as `setup()` does
+    (COURSE_NUM_WORKERS, COURSE_USE_GPU=auto: one worker per GPU when the cluster has GPUs, else 2 on CPU).
+    """
     load_dotenv_file()
     cfg = load_config()
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--num-workers", type=int, default=cfg.num_workers, help="Ray Train workers")
+    parser.add_argument("--num-workers", type=int, default=cfg.num_workers,
+                        help="Ray Train workers (default: COURSE_NUM_WORKERS, else one per GPU, else 2)")
     parser.add_argument("--epochs", type=int, default=2, help="training epochs")
-    parser.add_argument("--use-gpu", action="store_true", default=cfg.use_gpu is True, help="one GPU per worker")
+    parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
+                        help="one GPU per worker, or none (default: COURSE_USE_GPU, auto: GPUs when the cluster has any)")
     parser.add_argument("--smoke-test", action="store_true", default=cfg.smoke_test, help="tiny epochs (CI)")
-    parser.add_argument("--storage-path", default=str(cfg.storage_path), help="where results and checkpoints go")
+    parser.add_argument("--storage-path", default=cfg.storage_path,
+                        help="where results and checkpoints go: a shared folder or a URI such as s3://bucket/prefix")
     args = parser.parse_args(argv)
-    if args.num_workers < 1 or args.epochs < 1:
+    if (args.num_workers is not None and args.num_workers < 1) or args.epochs < 1:
         parser.error("--num-workers and --epochs must be at least 1")
     return args
 
 
 def print_result(result: Result) -> None:
-    """Raise the run's error, or print its final metrics and checkpoint."""
-    if result.error:
-        raise result.error
+    """Print the run's final metrics, its checkpoint and the nodes its workers ran on."""
     metrics = result.metrics
     print(f"test_acc={metrics['test_acc']:.4f} test_loss={metrics['test_loss']:.4f} "
           f"images_per_s={metrics['images_per_s']:.0f}")
     print(f"checkpoint: {result.checkpoint.path}")
+    nodes = read_history(result).iloc[-1]["worker_nodes"]  # one node id per rank, from MetricsHistory
+    print(f"workers ran on {len(set(nodes))} node(s): {', '.join(node[:8] for node in nodes)}")
+
+
+#: The course's own errors: each says what to change, so a script prints it without a traceback.
+COURSE_ERRORS = (ConfigError, DataNotFoundError, ResourceRequestError, StoragePathError)
+
+
+def _course_error(error: BaseException) -> BaseException | None:
+    """`error` if it is one of the course's errors, or the first one a Ray Train worker raised; else None."""
+    if isinstance(error, COURSE_ERRORS):
+        return error
+    if isinstance(error, WorkerGroupError):
+        # Ray Train hands back each worker's exception wrapped with its traceback (ray/train/v2/_internal/exceptions.py).
+        for failure in error.worker_failures.values():
+            if isinstance(cause := getattr(failure, "_base_exc", failure), COURSE_ERRORS):
+                return cause
+    return None
 
 
 def run_script(main: Callable[[], object]) -> None:
-    """Run a script's `main()`: the course's own errors as one line (no traceback); Ray shut down always."""
+    """Run a script's `main()`: the course's own errors as one line (no traceback), also when a Ray Train worker
+    raised them (e.g. a node without the data); Ray shut down always."""
     try:
         main()
-    except (ConfigError, DataNotFoundError, ResourceRequestError, StoragePathError) as error:
-        raise SystemExit(f"error: {error}") from None
+    except (*COURSE_ERRORS, WorkerGroupError) as error:
+        if (cause := _course_error(error)) is None:
+            raise
+        raise SystemExit(f"error: {cause}") from None
     finally:
         ray.shutdown()

@@ -11,9 +11,10 @@ from __future__ import annotations
 from ray.train import Result, RunConfig
 from ray.train.torch import TorchTrainer
 
-from helpers.cluster import check_resources, check_storage_path, scaling_config, start_autoscaling_coordinator
+from helpers.cluster import check_resources, check_storage_path, course_scaling_config, start_autoscaling_coordinator
 from helpers.config import load_config
 from helpers.ddp import train_loop_per_worker
+from helpers.results import MetricsHistory
 from helpers.runs import new_run_name
 from helpers.scripts import parse_args, print_result, run_script
 from helpers.session import start_ray
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> Result:
     args = parse_args(__doc__.split("\n")[0], argv)
     cfg = load_config()
     start_ray(cfg)
-    scaling = scaling_config(cfg, args.num_workers, args.use_gpu)
+    scaling = course_scaling_config(cfg, args.num_workers, args.use_gpu)  # sized for this cluster's nodes
     check_resources(scaling)  # fail now, not after waiting forever for resources
     check_storage_path(args.storage_path)  # ... or after starting Ray Train, on a folder it cannot write
     start_autoscaling_coordinator()  # saves the first fit() a 5 s time-out (see helpers.cluster)
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> Result:
             "data_dir": str(cfg.data_dir),
         },
         scaling_config=scaling,
-        run_config=RunConfig(storage_path=args.storage_path, name=new_run_name("train_ray_ddp")),
+        run_config=RunConfig(storage_path=args.storage_path, name=new_run_name("train_ray_ddp"),
+                             callbacks=[MetricsHistory()]),  # every report, with the node of each worker
     )
     result = trainer.fit()
     print_result(result)

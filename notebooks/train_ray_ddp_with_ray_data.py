@@ -16,6 +16,7 @@ from ray.train.torch import TorchTrainer
 from helpers.cluster import check_storage_path
 from helpers.config import load_config
 from helpers.ingest import SMOKE_ROWS, prepare_ray_data_training, train_loop_per_worker
+from helpers.results import MetricsHistory
 from helpers.runs import new_run_name
 from helpers.scripts import parse_args, print_result, run_script
 from helpers.session import start_ray
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> Result:
     cfg = load_config()
     start_ray(cfg)
     storage_path = check_storage_path(args.storage_path)  # before the Parquet files are written there
-    cfg = dataclasses.replace(cfg, num_workers=args.num_workers, use_gpu=args.use_gpu, storage_path=storage_path)
+    cfg = dataclasses.replace(cfg, num_workers=args.num_workers, storage_path=storage_path,
+                              use_gpu=cfg.use_gpu if args.use_gpu is None else args.use_gpu)
     _, datasets, scaling = prepare_ray_data_training(cfg, SMOKE_ROWS if args.smoke_test else None)  # as lesson 04
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -34,7 +36,8 @@ def main(argv: list[str] | None = None) -> Result:
                            "prefetch_batches": 1, "shuffle_buffer": None},
         datasets=datasets,
         scaling_config=scaling,
-        run_config=RunConfig(storage_path=args.storage_path, name=new_run_name("train_ray_ddp_with_ray_data")),
+        run_config=RunConfig(storage_path=storage_path, name=new_run_name("train_ray_ddp_with_ray_data"),
+                             callbacks=[MetricsHistory()]),  # every report, with the node of each worker
     )
     result = trainer.fit()
     print_result(result)

@@ -1,0 +1,278 @@
+"""The course on a real multi-node Ray cluster on this machine, as on Anyscale: a head with no CPUs, two worker
+nodes, token auth on, the dashboard on loopback (helpers.local_cluster). Each worker node has 1 CPU, as this
+machine has 2 cores: with 2 CPUs per node, two workers of 2 threads each fought over the cores (86 images/s
+instead of 272 in the same 2-worker run).
+
+One cluster serves the module. Drivers run as subprocesses that join it through RAY_ADDRESS and the cluster's
+token (RAY_AUTH_TOKEN, without RAY_AUTH_MODE: the course's setup() must set that), as a learner's script or
+notebook would: lesson 02's and lesson 03's scripts with 1 and 2 workers, and setup() itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers.config import REPO_ROOT
+from helpers.local_cluster import LocalCluster
+from helpers.results import read_history
+
+#: The Ray variables a LocalCluster must leave as they are in the process that starts it.
+RAY_VARS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+#: Joins the cluster named by RAY_ADDRESS and prints its nodes.
+NODES_DRIVER = """
+import json, ray
+ray.init()
+print(json.dumps([{"alive": node["Alive"], "resources": node["Resources"]} for node in ray.nodes()]))
+"""
+
+#: A plain `ray.init()`, as in a notebook: prints the GCS it started or joined and its number of nodes, then waits
+#: for a line on stdin before it runs a task.
+PLAIN_DRIVER = """
+import json, sys, ray
+context = ray.init()
+print(json.dumps({"gcs": context.address_info["gcs_address"], "nodes": len(ray.nodes())}), flush=True)
+sys.stdin.readline()
+
+@ray.remote
+def one() -> int:
+    return 1
+
+print(json.dumps({"task": ray.get(one.remote(), timeout=60)}))
+ray.shutdown()
+"""
+
+def clean_env(**variables: str) -> dict[str, str]:
+    """This process's environment without any Ray address or token setting, plus `variables`."""
+    env = {name: value for name, value in os.environ.items() if name not in RAY_VARS}
+    return {**env, **variables}
+
+
+def run_driver(code: str, env: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run `code` in a new Python process with `env`; fail the test if it takes longer than `timeout_s`."""
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def last_json_line(output: str) -> dict | list:
+    """The last line of `output` (a driver prints its result last), parsed as JSON."""
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def running_processes_mentioning(*marks: str) -> list[str]:
+    """Command lines of the processes still running that mention any of `marks` (zombies do not count)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(mark in cmdline for mark in marks):
+            found.append(cmdline[:160])
+    return found
+
+
+def assert_stopped(processes: list[psutil.Process], temp_dir: Path, address: str) -> None:
+    """Nothing of a stopped cluster is left: none of its `processes`, no process naming its temp dir or GCS address
+    (the agents and workers name neither, hence the list taken before stop()), and no temp dir."""
+    assert processes, "the cluster had no processes to stop"
+    still_running = [proc for proc in processes if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
+    assert still_running == []
+    assert running_processes_mentioning(f"{temp_dir}/", f"{temp_dir} ", address) == []
+    assert not temp_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """A head with no CPUs and two worker nodes with 1 CPU each; stopped, and checked gone, after the module."""
+    ray_vars = {name: os.environ.get(name) for name in RAY_VARS}
+    local_cluster = LocalCluster(worker_nodes=2, cpus_per_worker_node=1).start()
+    assert {name: os.environ.get(name) for name in RAY_VARS} == ray_vars, "start() changed this process's variables"
+    temp_dir, address = local_cluster.temp_dir, local_cluster.address
+    assert temp_dir is not None
+    try:
+        yield local_cluster
+    finally:
+        processes = local_cluster.processes()
+        local_cluster.stop()
+    assert_stopped(processes, temp_dir, address)
+
+
+def test_driver_with_token_sees_three_nodes(cluster: LocalCluster) -> None:
+    result = run_driver(NODES_DRIVER, clean_env(**cluster.driver_env(), RAY_AUTH_MODE="token"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    nodes = last_json_line(result.stdout)
+    assert [node["alive"] for node in nodes] == [True, True, True]
+    assert sorted(node["resources"].get("CPU", 0) for node in nodes) == [0, 1, 1]
+    # The head offers no CPU at all: Ray leaves the key out rather than reporting 0.
+    assert sum("CPU" not in node["resources"] for node in nodes) == 1
+
+
+def test_driver_without_auth_mode_is_refused(cluster: LocalCluster) -> None:
+    # The token alone is not enough: without RAY_AUTH_MODE=token the driver does not send it. Ray retries for
+    # about 20 s before it gives up (ray/_private/node.py, _init_gcs_client); 3 attempts show the same error.
+    env = clean_env(**cluster.driver_env(), RAY_gcs_server_port_wait_time_s="3")
+    result = run_driver(NODES_DRIVER, env, timeout_s=60)
+    assert result.returncode != 0
+    assert "Authentication token is missing or incorrect" in result.stderr
+    assert "RAY_AUTH_MODE is currently 'disabled'" in result.stderr
+
+
+@pytest.mark.parametrize("path", ["/api/version", "/api/v0/nodes", "/api/jobs/"])
+def test_dashboard_requires_the_token(cluster: LocalCluster, path: str) -> None:
+    def status(headers: dict[str, str]) -> int:
+        request = urllib.request.Request(cluster.dashboard_url + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    assert status({}) == 401
+    assert status({"Authorization": "Bearer not-the-token"}) == 403
+    assert status({"Authorization": f"Bearer {cluster.token}"}) == 200
+
+
+def test_dashboard_listens_on_loopback_only(cluster: LocalCluster) -> None:
+    port = int(cluster.dashboard_url.rsplit(":", 1)[1])
+    listening = {conn.laddr.ip for conn in psutil.net_connections("tcp")
+                 if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port}
+    assert listening == {"127.0.0.1"}
+
+
+def test_the_token_stays_out_of_the_commands(cluster: LocalCluster) -> None:
+    assert cluster.token and re.fullmatch(r"[0-9a-f]{64}", cluster.token)
+    token_file = cluster.temp_dir / "auth_token"
+    assert token_file.read_text() == cluster.token
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert len(cluster.commands) == 3
+    assert all(cluster.token not in command for command in cluster.commands)
+    assert all(f"RAY_AUTH_TOKEN_PATH={token_file}" in command for command in cluster.commands)
+    assert cluster.commands[0].startswith(f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token_file} ray start --head ")
+    assert cluster.driver_env() == {"RAY_ADDRESS": cluster.address, "RAY_AUTH_TOKEN": cluster.token}
+
+
+def test_a_plain_ray_init_starts_its_own_ray_beside_the_cluster(cluster: LocalCluster) -> None:
+    # A notebook's `ray.init()` while the cluster runs (RAY_ADDRESS unset): it must not join the cluster.
+    local_ray = subprocess.Popen([sys.executable, "-c", PLAIN_DRIVER], env=clean_env(), text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert select.select([local_ray.stdout], [], [], 120)[0], "ray.init() did not return within 120 s"
+        started = json.loads(local_ray.stdout.readline())
+        stdout, stderr = local_ray.communicate("go\n", timeout=120)
+    finally:
+        local_ray.kill()
+        local_ray.wait()
+    assert local_ray.returncode == 0, stderr[-3000:]
+    assert started["gcs"] != cluster.address and started["nodes"] == 1
+    assert "Started a local Ray instance" in stderr
+    assert last_json_line(stdout) == {"task": 1}
+
+
+#: setup() on the cluster, then where `helpers` comes from on each worker node, as JSON.
+SETUP_DRIVER = """
+import json, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from helpers import setup
+
+cfg = setup()
+
+@ray.remote(num_cpus=0)
+def helpers_here() -> dict:
+    import helpers
+    return {"file": helpers.__file__, "py_modules": ray.get_runtime_context().runtime_env.get("py_modules", [])}
+
+workers = [node["NodeID"] for node in ray.nodes() if node["Resources"].get("CPU")]
+found = ray.get([helpers_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+                 for node in workers])
+print(json.dumps({"num_workers": cfg.num_workers, "use_gpu": cfg.use_gpu, "helpers": found}))
+"""
+
+
+@pytest.fixture(scope="module")
+def course_env(cluster: LocalCluster, tmp_path_factory) -> dict[str, str]:
+    """A driver's environment on the cluster: its address and token only, a storage path every node sees (on one
+    machine, any folder is shared), smoke mode."""
+    return clean_env(**cluster.driver_env(), COURSE_STORAGE_PATH=str(tmp_path_factory.mktemp("shared-storage")),
+                     COURSE_SMOKE_TEST="1", PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(scope="module")
+def worker_node_ids(course_env: dict[str, str]) -> set[str]:
+    """The ids of the cluster's nodes that have CPUs (the two worker nodes; the head has none)."""
+    code = "import json, ray; ray.init(); print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Resources'].get('CPU')]))"
+    result = run_driver(code, {**course_env, "RAY_AUTH_MODE": "token"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return set(last_json_line(result.stdout))
+
+
+def test_setup_joins_with_the_token_sizes_per_node_and_ships_helpers(course_env: dict[str, str]) -> None:
+    # From notebooks/, where a notebook's kernel runs. Ray puts the driver's current folder on its workers' sys.path
+    # (ray/_private/worker.py, _py_driver_sys_path), and on this one machine every node would find the checkout's
+    # `helpers` in the repository root; on a real cluster that folder does not exist on the other nodes.
+    result = subprocess.run([sys.executable, "-c", SETUP_DRIVER], env=course_env, cwd=REPO_ROOT / "notebooks",
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "token auth   : on: Ray requires its token (this kernel's from RAY_AUTH_TOKEN)" in out
+    assert "cluster      : 2 CPUs, 0 GPUs, 3 node(s) with (0 CPU), (1 CPU), (1 CPU)" in out
+    assert "workers      : 2 x (1 CPU): the default on CPU (no GPU in the cluster)" in out
+    found = last_json_line(out)
+    assert (found["num_workers"], found["use_gpu"]) == (2, False)
+    for node in found["helpers"]:  # imported on each worker node from the package Ray shipped, not the checkout
+        assert "runtime_resources" in node["file"] and "py_modules_files" in node["file"], node
+        assert not node["file"].startswith(str(REPO_ROOT)), node
+        assert len(node["py_modules"]) == 1 and node["py_modules"][0].startswith("gcs://_ray_pkg_"), node
+
+
+def start_script(script: str, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """Run one of the course's scripts, as the README does, from the repository root: 1 epoch in smoke mode."""
+    return subprocess.Popen([sys.executable, str(REPO_ROOT / "notebooks" / script), "--epochs", "1", "--smoke-test",
+                             *args], env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def check_run(script: subprocess.Popen, storage: Path, prefix: str, num_workers: int, worker_node_ids: set[str]):
+    """The script trained `num_workers` workers on as many worker nodes, with its run folder on the shared storage."""
+    stdout, stderr = script.communicate(timeout=600)
+    assert script.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert f"workers ran on {num_workers} node(s)" in stdout
+    (run,) = [run for run in storage.glob(f"{prefix}-run-*") if run.name in stdout]
+    assert len(list(run.glob("checkpoint_*/model.pt"))) == 1
+    nodes = read_history(str(run)).iloc[-1]["worker_nodes"]  # reported from inside the training function
+    assert len(nodes) == num_workers and len(set(nodes)) == num_workers, "two workers shared a node"
+    assert set(nodes) <= worker_node_ids, "a worker ran on the head, which has no CPU"
+
+
+# Lesson 02's script with 1 worker runs in tests/test_autoscaling.py, on a cluster that has to grow for it.
+@pytest.mark.parametrize(("script", "num_workers"), [
+    ("train_ray_ddp_with_ray_data.py", 1),  # the CPUs of one node: sized from the cluster's 2, it fitted no node
+    ("train_ray_ddp.py", 2),
+    ("train_ray_ddp_with_ray_data.py", 2),  # every CPU to training: the datasets must be materialized, or it hangs
+])
+def test_the_scripts_train_on_the_worker_nodes(course_env: dict[str, str], worker_node_ids: set[str], script: str,
+                                               num_workers: int) -> None:
+    storage = Path(course_env["COURSE_STORAGE_PATH"])
+    check_run(start_script(script, course_env, "--num-workers", str(num_workers)), storage, script.removesuffix(".py"),
+              num_workers, worker_node_ids)
+    if script == "train_ray_ddp_with_ray_data.py":  # written once, by the first run, on the shared storage
+        assert len(list(storage.glob("datasets/mnist-parquet/*/*.parquet"))) == 16
+
+
+def test_a_node_without_the_data_stops_the_script_with_the_courses_error(course_env: dict[str, str]) -> None:
+    # The worker, on a worker node, cannot find MNIST nor create the folder to download it into.
+    done = start_script("train_ray_ddp.py", {**course_env, "COURSE_DATA_DIR": "/proc/course-data"},
+                        "--num-workers", "1")
+    stdout, stderr = done.communicate(timeout=600)
+    assert done.returncode != 0
+    assert "error: MNIST is not in /proc/course-data/MNIST/raw on node " in stderr, stderr[-3000:]
+    assert "COURSE_DATA_DIR" in stderr and "Traceback" not in stderr.split("error: MNIST")[-1]
