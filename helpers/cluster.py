@@ -179,12 +179,14 @@ class WorkerPlan:
         return f"{self.num_workers} x {_shape(self.resources_per_worker)}: {self.why}"
 
 
-def _cpus_each(hosts: list[dict[str, float]], num_workers: int, per_node: int | None, reserve_for_data: float) -> float:
-    """The most whole CPUs each worker can have with all `num_workers` placed on `hosts` (at most `per_node` on
-    one node) and `reserve_for_data` CPUs left over; a fraction only when that leaves less than one CPU each."""
+def _cpus_each(hosts: list[dict[str, float]], num_workers: int, one_gpu_each: bool, reserve_for_data: float) -> float:
+    """The most whole CPUs each worker can have with all `num_workers` placed on `hosts` (with `one_gpu_each`, at
+    most one per GPU of a node) and `reserve_for_data` CPUs left over; a fraction only when that leaves less than
+    one CPU each."""
     total = sum(node.get("CPU", 0.0) for node in hosts)
     for cpus in range(math.floor(max(node.get("CPU", 0.0) for node in hosts)), 0, -1):
-        placed = sum(min(per_node or num_workers, math.floor(node.get("CPU", 0.0) / cpus)) for node in hosts)
+        placed = sum(min(math.floor(node.get("GPU", 0.0)) if one_gpu_each else num_workers,
+                         math.floor(node.get("CPU", 0.0) / cpus)) for node in hosts)
         if placed >= num_workers and total - num_workers * cpus >= reserve_for_data:
             return float(cpus)
     if reserve_for_data and total > reserve_for_data:
@@ -211,8 +213,8 @@ def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: boo
     wanted = cfg.use_gpu if use_gpu is None else use_gpu
     if wanted == "auto":
         gpu = bool(gpu_nodes)
-        gpus_now = any(node.get("GPU", 0.0) >= 1 for node in capacity.nodes)
-        device_why = ("the cluster has GPUs" if gpus_now else "its autoscaler can add GPU nodes") if gpu \
+        has_gpus_now = any(node.get("GPU", 0.0) >= 1 for node in capacity.nodes)
+        device_why = ("the cluster has GPUs" if has_gpus_now else "its autoscaler can add GPU nodes") if gpu \
             else "no GPU in the cluster"
     else:
         gpu = bool(wanted)
@@ -242,7 +244,7 @@ def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: boo
     elif not hosts:
         cpus, cpus_why = 1.0, "1 CPU until a node joins (COURSE_CPUS_PER_WORKER sets it)"
     else:
-        cpus = _cpus_each(hosts, workers, math.floor(hosts[0]["GPU"]) if gpu else None, reserve_for_data)
+        cpus = _cpus_each(hosts, workers, gpu, reserve_for_data)
         cpus_why = "its share of a node's CPUs"
         if reserve_for_data:
             cpus_why += f" after {reserve_for_data:g} for Ray Data"
@@ -334,7 +336,7 @@ def check_data_resources(
     hints = ["materialize() the datasets before fit() if they fit in memory (lesson 03 does)"]
     hosts = [node for node in capacity.nodes if node.get("CPU", 0.0) > 0]
     if total_cpus > 1:
-        share = _cpus_each(hosts, workers, None, reserve_for_data=1)
+        share = _cpus_each(hosts, workers, False, reserve_for_data=1)
         hints.append(f"give each worker less CPU, resources_per_worker={{'CPU': {share:g}}}, to keep 1 CPU for Ray Data")
     hints.append("or use fewer workers, or a bigger cluster")
     raise ResourceRequestError(

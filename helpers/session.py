@@ -102,8 +102,8 @@ def start_ray(cfg: CourseConfig) -> float:
 
     local = {} if cfg.ray_address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
     if cfg.ray_address:
-        send_token_if_given()
-    if not cfg.ray_address:
+        send_token_if_given()  # a cluster with token auth refuses a driver that does not send it
+    else:
         # One machine is never preempted: skip the actor Ray Train starts on every fit() to watch for node
         # preemption. On 2 cores that process competes with the workers' start-up: fit() to first step
         # took 13 s instead of 16 s here. Clusters (RAY_ADDRESS) keep it; .env can set it either way.

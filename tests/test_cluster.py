@@ -96,6 +96,13 @@ def test_a_single_gpu_machine_just_works_with_the_defaults():
     assert plan(ONE_GPU_MACHINE, COURSE_USE_GPU="false").resources_per_worker == {"CPU": 8.0}
 
 
+def test_gpu_workers_get_the_cpus_per_gpu_of_their_own_node():
+    mixed = Capacity([{"CPU": 8.0, "GPU": 4.0}, {"CPU": 8.0, "GPU": 1.0}])
+    sized = plan(mixed)
+    assert (sized.num_workers, sized.resources_per_worker) == (5, {"CPU": 2.0, "GPU": 1.0})
+    check_resources(ScalingConfig(num_workers=5, use_gpu=True, resources_per_worker=sized.resources_per_worker), mixed)
+
+
 def test_one_worker_per_gpu_on_a_gpu_cluster():
     gpus = plan(GPU_CLUSTER)
     assert (gpus.num_workers, gpus.resources_per_worker) == (4, {"CPU": 2.0, "GPU": 1.0})
