@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,17 @@ def test_as_env_round_trips(tmp_path):
     assert load_config(with_accelerator.as_env()) == with_accelerator
 
 
-def test_dotenv_file_is_read_and_the_environment_wins(tmp_path, monkeypatch):
+@pytest.fixture
+def environ_restored():
+    """python-dotenv writes what it loads into os.environ, where monkeypatch does not see it: put os.environ back
+    as it was, so no COURSE_* value from a test's .env reaches later tests (or the drivers they start)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_dotenv_file_is_read_and_the_environment_wins(tmp_path, monkeypatch, environ_restored):
     dotenv = tmp_path / ".env"
     dotenv.write_text("COURSE_NUM_WORKERS=3\nCOURSE_SMOKE_TEST=1\n")
     monkeypatch.delenv("COURSE_NUM_WORKERS", raising=False)
@@ -126,7 +137,7 @@ def test_dotenv_file_is_read_and_the_environment_wins(tmp_path, monkeypatch):
     assert cfg.smoke_test is False  # the real environment variable wins over .env
 
 
-def test_dotenv_is_found_from_a_subfolder(tmp_path, monkeypatch):
+def test_dotenv_is_found_from_a_subfolder(tmp_path, monkeypatch, environ_restored):
     (tmp_path / ".env").write_text("COURSE_NUM_WORKERS=5\n")
     (tmp_path / "notebooks").mkdir()
     monkeypatch.chdir(tmp_path / "notebooks")

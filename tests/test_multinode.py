@@ -202,8 +202,11 @@ print(json.dumps({"num_workers": cfg.num_workers, "use_gpu": cfg.use_gpu, "helpe
 def course_env(cluster: LocalCluster, tmp_path_factory) -> dict[str, str]:
     """A driver's environment on the cluster: its address and token only, a storage path every node sees (on one
     machine, any folder is shared), smoke mode."""
-    return clean_env(**cluster.driver_env(), COURSE_STORAGE_PATH=str(tmp_path_factory.mktemp("shared-storage")),
-                     COURSE_SMOKE_TEST="1", PYTHONUNBUFFERED="1")
+    env = clean_env(**cluster.driver_env(), COURSE_STORAGE_PATH=str(tmp_path_factory.mktemp("shared-storage")),
+                    COURSE_SMOKE_TEST="1", PYTHONUNBUFFERED="1")
+    for sizing in ("COURSE_NUM_WORKERS", "COURSE_USE_GPU", "COURSE_CPUS_PER_WORKER"):  # the defaults are under test
+        env.pop(sizing, None)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -223,9 +226,10 @@ def test_setup_joins_with_the_token_sizes_per_node_and_ships_helpers(course_env:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    assert "token auth   : on: Ray requires its token (this kernel's from RAY_AUTH_TOKEN)" in out
-    assert "cluster      : 2 CPUs, 0 GPUs, 3 node(s) with (0 CPU), (1 CPU), (1 CPU)" in out
-    assert "workers      : 2 x (1 CPU): the default on CPU (no GPU in the cluster)" in out
+    printed = out.rsplit("\n", 2)[0]  # setup()'s lines, shown whole when a check fails
+    assert "token auth   : on: Ray requires its token (this kernel's from RAY_AUTH_TOKEN)" in out, printed
+    assert "cluster      : 2 CPUs, 0 GPUs, 3 node(s) with (0 CPU), (1 CPU), (1 CPU)" in out, printed
+    assert "workers      : 2 x (1 CPU): the default on CPU (no GPU in the cluster)" in out, printed
     found = last_json_line(out)
     assert (found["num_workers"], found["use_gpu"]) == (2, False)
     for node in found["helpers"]:  # imported on each worker node from the package Ray shipped, not the checkout
