@@ -12,6 +12,7 @@ from helpers.cluster import ResourceRequestError, StoragePathError
 from helpers.config import ConfigError, load_config, load_dotenv_file
 from helpers.data import DataNotFoundError
 from helpers.results import read_history
+from helpers.storage import uri
 
 
 def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +43,7 @@ def print_result(result: Result) -> None:
     metrics = result.metrics
     print(f"test_acc={metrics['test_acc']:.4f} test_loss={metrics['test_loss']:.4f} "
           f"images_per_s={metrics['images_per_s']:.0f}")
-    print(f"checkpoint: {result.checkpoint.path}")
+    print(f"checkpoint: {uri(result.checkpoint.path, result.checkpoint.filesystem)}")  # s3://... on S3
     nodes = read_history(result).iloc[-1]["worker_nodes"]  # one node id per rank, from MetricsHistory
     print(f"workers ran on {len(set(nodes))} node(s): {', '.join(node[:8] for node in nodes)}")
 

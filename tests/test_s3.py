@@ -24,6 +24,7 @@ from helpers.inference import MNISTPredictor, load_model
 from helpers.ingest import COMPLETE_MARKER, SMOKE_ROWS, mnist_datasets, write_mnist_parquet
 from helpers.results import MetricsHistory, describe_run_folder, read_history, run_path
 from helpers.runs import load_summary, save_summary
+from helpers.scripts import print_result
 from helpers.training import evaluate
 from s3_server import s3_server  # noqa: F401 (fixture)
 
@@ -55,7 +56,7 @@ def test_the_storage_path_stays_a_uri_and_every_node_reaches_it(on_s3):
     assert not any(".course-storage-check" in key for key in _objects(cfg.storage_path)), "probe left behind"
 
 
-def test_a_lesson_02_run_keeps_checkpoints_and_history_in_the_bucket(on_s3):
+def test_a_lesson_02_run_keeps_checkpoints_and_history_in_the_bucket(on_s3, capsys):
     cfg, _ = on_s3
     start_autoscaling_coordinator()
     name = "02-on-s3"
@@ -78,6 +79,8 @@ def test_a_lesson_02_run_keeps_checkpoints_and_history_in_the_bucket(on_s3):
     assert list(history["epoch"]) == [0, 1] and history["kept"].sum() == len(result.best_checkpoints)
     listing = describe_run_folder(folder)
     assert "metrics_history.jsonl" in set(listing["entry"])
+    print_result(result)  # what the scripts print: the checkpoint as a URI a learner can pass back
+    assert f"checkpoint: {folder}/checkpoint_" in capsys.readouterr().out
 
     restored = Result.from_path(folder)  # a URI, as a learner would type it
     assert restored.checkpoint.path == result.checkpoint.path and restored.metrics == result.metrics
