@@ -408,8 +408,7 @@ def check_storage_path(storage_path: str) -> str:
     try:
         missing = _nodes_missing(probe)
     finally:
-        filesystem, fs_path = storage.resolve(probe)
-        filesystem.delete_file(fs_path)
+        storage.delete_file(probe)
     if missing:
         details = "; ".join(f"{node_id[:8]}: {why}" for node_id, why in missing.items())
         raise StoragePathError(

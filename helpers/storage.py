@@ -131,6 +131,12 @@ def write_text(path: str, text: str) -> None:
         file.write(text.encode())
 
 
+def delete_file(path: str) -> None:
+    """Delete the file `path`."""
+    filesystem, fs_path = resolve(path)
+    filesystem.delete_file(fs_path)
+
+
 def delete_dir(path: str) -> None:
     """Delete the folder `path` and everything under it, if it exists."""
     if exists(path):

@@ -14,6 +14,7 @@ from helpers import storage
 from helpers.storage import (
     basename,
     delete_dir,
+    delete_file,
     exists,
     is_dir,
     is_file,
@@ -224,6 +225,12 @@ def test_delete_dir_deletes_the_folder_and_what_is_under_it(root):
     assert is_dir(root) and read_text(join(root, "a.txt")) == "a"
 
 
+def test_delete_file_deletes_only_that_file(root):
+    _tree(root)
+    delete_file(join(root, "a.txt"))
+    assert not exists(join(root, "a.txt")) and read_text(join(root, "b.txt")) == "bbb"
+
+
 def test_delete_dir_of_a_missing_folder_does_nothing(root):
     delete_dir(join(root, "missing"))
     makedirs(root)
@@ -251,5 +258,5 @@ def test_every_public_function_is_tested():
     public = {name for name in dir(storage) if not name.startswith("_") and callable(getattr(storage, name))
               and getattr(getattr(storage, name), "__module__", None) == storage.__name__}
     tested = {"is_uri", "join", "basename", "resolve", "uri", "exists", "is_dir", "is_file", "makedirs",
-              "list_dir", "size", "open_input", "open_output", "read_text", "write_text", "delete_dir"}
+              "list_dir", "size", "open_input", "open_output", "read_text", "write_text", "delete_file", "delete_dir"}
     assert public == tested
