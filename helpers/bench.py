@@ -8,10 +8,10 @@
 from `fit()` to the first training step of each run.
 
 `data` measures, in one run: images/s of lesson 02's DataLoader-fed loop and of lesson 03's Ray Data-fed
-loop (the course default: preprocessed and materialized; and streaming, with one CPU kept for Ray Data),
-2 workers on the same rows, counted over whole epochs including each epoch's pipeline start-up; the
-DataLoader and materialized runs alternate `rounds` times (medians reported; the ratio is the median of
-each round's ratio), streaming runs once.
+loop (the course default: preprocessed, materialized and shuffled in each worker; the same without the
+shuffle, for its cost; and streaming, with one CPU kept for Ray Data), 2 workers on the same rows, counted
+over whole epochs including each epoch's pipeline start-up; the DataLoader and materialized runs alternate
+`rounds` times (medians reported; a ratio is the median of each round's ratio), streaming runs once.
 
 Small shared machines are noisy (+-20% between two 40-step windows here, and the machine's speed
 drifts over minutes), so each throughput is the median of `repeats` windows, and `ddp` runs its three
@@ -164,8 +164,9 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
         return _whole_epochs_images_per_s(result)
 
     whole_cpus = plan_workers(cfg, num_workers, use_gpu=False).resources_per_worker["CPU"]
-    ray_data = {"prefetch_batches": 1, "shuffle_buffer": None}  # lesson 03's defaults
-    dataloader, materialized = [], []
+    ray_data = {"prefetch_batches": 1, "shuffle_buffer": ingest.SHUFFLE_BUFFER_ROWS}  # lesson 03's defaults
+    unshuffled = {**ray_data, "shuffle_buffer": None}  # what the shuffle costs
+    dataloader, materialized, not_shuffled = [], [], []
     try:
         started = time.perf_counter()
         in_memory = ingest.mnist_datasets(parquet_root, {"train": rows})
@@ -176,6 +177,8 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
                                   whole_cpus))
             materialized.append(fit("bench-data-materialized", ingest.train_loop_per_worker, ray_data, whole_cpus,
                                     in_memory))
+            not_shuffled.append(fit("bench-data-not-shuffled", ingest.train_loop_per_worker, unshuffled, whole_cpus,
+                                    in_memory))
         del in_memory
         streaming = ingest.mnist_datasets(parquet_root, {"train": rows}, materialize=False)
         report["ray_data_streaming_images_per_s"] = fit(
@@ -185,6 +188,9 @@ def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
         ray.shutdown()
     report["dataloader_images_per_s"] = _spread(dataloader)
     report["ray_data_materialized_images_per_s"] = _spread(materialized)
+    report["ray_data_materialized_not_shuffled_images_per_s"] = _spread(not_shuffled)
+    report["ratio_shuffled_to_not_shuffled"] = round(statistics.median(
+        [shuffled / plain for shuffled, plain in zip(materialized, not_shuffled)]), 3)
     ratios = [ray_data / loader for ray_data, loader in zip(materialized, dataloader)]  # each round's pair
     report["ratio_materialized_to_dataloader"] = {"median": round(statistics.median(ratios), 3),
                                                   "rounds": [round(ratio, 3) for ratio in ratios]}

@@ -13,11 +13,15 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import ray
 import ray.train
 import ray.train.torch
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.state import list_actors
 from torch import nn
 
 from helpers.ingest import DTYPES, evaluate_shard
@@ -62,7 +66,9 @@ def train_loop_per_worker(config: dict) -> None:
         started_at, total_loss, num_images = time.time(), 0.0, 0
         batches = train_shard.iter_torch_batches(batch_size=batch_size_per_worker, dtypes=DTYPES,
                                                  device=ray.train.torch.get_device(),
-                                                 prefetch_batches=config["prefetch_batches"])
+                                                 prefetch_batches=config["prefetch_batches"],
+                                                 local_shuffle_buffer_size=config["shuffle_buffer"],
+                                                 local_shuffle_seed=config["seed"] + epoch)  # a resumed epoch: same order
         for step, batch in enumerate(batches):
             if fail_at == (epoch, step, rank) and start_epoch < epoch:  # [5] the lesson's failure, once
                 raise InjectedFailure(f"rank {rank} fails on purpose at epoch {epoch}, step {step}")
@@ -91,10 +97,9 @@ def train_loop_per_worker(config: dict) -> None:
             ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def interrupt_when_checkpointed(run_path: str | Path, epoch: int, timeout_s: float = 3600) -> threading.Event:
-    """Interrupt this process (SIGINT, what Jupyter's Interrupt button sends) once the run has registered
-    the checkpoint of `epoch`: the driver stops mid-run. Returns an Event: set it to call the watch off.
-    """
+def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], None], timeout_s: float) -> threading.Event:
+    """Call `action` in a background thread once the run has registered the checkpoint of `epoch`.
+    Returns an Event: set it to call the watch off."""
     cancelled = threading.Event()
 
     def watch() -> None:
@@ -102,9 +107,48 @@ def interrupt_when_checkpointed(run_path: str | Path, epoch: int, timeout_s: flo
         while not cancelled.is_set() and time.monotonic() < deadline:
             latest = latest_checkpoint_metrics(run_path)
             if latest and latest["epoch"] >= epoch:
-                os.kill(os.getpid(), signal.SIGINT)
+                action()
                 return
             cancelled.wait(0.2)
 
-    threading.Thread(target=watch, name="interrupt-when-checkpointed", daemon=True).start()
+    threading.Thread(target=watch, name=f"when-checkpointed-{action.__name__}", daemon=True).start()
     return cancelled
+
+
+def interrupt_when_checkpointed(run_path: str | Path, epoch: int, timeout_s: float = 3600) -> threading.Event:
+    """Interrupt this process (SIGINT, what Jupyter's Interrupt button sends) once the run has registered
+    the checkpoint of `epoch`: the driver stops mid-run. Returns an Event: set it to call the watch off.
+    """
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    return _when_checkpointed(run_path, epoch, interrupt, timeout_s)
+
+
+@ray.remote(num_cpus=0)  # runs even while the training workers hold every CPU
+def _send_sigkill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def kill_worker_process() -> dict:
+    """SIGKILL the process of one running Ray Train worker, as a crash or the out-of-memory killer would.
+
+    The signal is sent by a task placed on the worker's node, so this works on a cluster too.
+    Returns the worker's pid and node id.
+    """
+    workers = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    if not workers:
+        raise RuntimeError("no Ray Train worker is running")
+    worker = workers[-1]
+    strategy = NodeAffinitySchedulingStrategy(node_id=worker.node_id, soft=False)
+    ray.get(_send_sigkill.options(scheduling_strategy=strategy).remote(worker.pid))
+    return {"pid": worker.pid, "node_id": worker.node_id}
+
+
+def kill_worker_when_checkpointed(run_path: str | Path, epoch: int, timeout_s: float = 3600) -> threading.Event:
+    """SIGKILL one Ray Train worker process once the run has registered the checkpoint of `epoch`: a process
+    dies in the middle of the next epoch. Returns an Event: set it to call the watch off."""
+    def kill() -> None:
+        kill_worker_process()
+
+    return _when_checkpointed(run_path, epoch, kill, timeout_s)

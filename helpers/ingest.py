@@ -36,6 +36,9 @@ SMOKE_ROWS = {"train": 1920, "valid": 1000}
 #: blocks. Otherwise, every epoch, `streaming_split(equal=True)` cuts a block in a Ray task, which on
 #: a small machine starts a new worker process first (about 2 s per epoch and dataset on 2 cores).
 NUM_BLOCKS = 8
+#: Rows each worker shuffles at a time (`local_shuffle_buffer_size`): all of its shard of MNIST's 60,000 training
+#: rows with 2 workers. Larger buffers mix more, and cost memory and a longer wait for the first batch.
+SHUFFLE_BUFFER_ROWS = 30_000
 #: What `iter_torch_batches` turns each column into.
 DTYPES = {"image": torch.float32, "label": torch.int64}
 #: The seed's transform, built once per process (not once per row).
@@ -182,8 +185,8 @@ def train_loop_per_worker(config: dict) -> None:
     world_size, rank = context.get_world_size(), context.get_world_rank()
     batch_size_per_worker = config["global_batch_size"] // world_size
 
-    train_shard = ray.train.get_dataset_shard("train")  # [1] this worker's part of the dataset
-    valid_shard = ray.train.get_dataset_shard("valid")
+    train_shard = ray.train.get_dataset_shard("train")  # [1] this worker's part of each dataset
+    valid_shard = ray.train.get_dataset_shard("valid")  # [1]
     model = ray.train.torch.prepare_model(resnet18_mnist())  # as in lesson 02; no prepare_data_loader
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     loss_fn = nn.CrossEntropyLoss()
@@ -196,9 +199,10 @@ def train_loop_per_worker(config: dict) -> None:
             dtypes=DTYPES,  # [3] NumPy columns -> torch tensors of these types
             device=ray.train.torch.get_device(),  # [4] ... already on this worker's device
             prefetch_batches=config["prefetch_batches"],  # [5] prepare the next batches while training
-            local_shuffle_buffer_size=config["shuffle_buffer"],  # [6] None, or shuffle within N rows
+            local_shuffle_buffer_size=config["shuffle_buffer"],  # [6] shuffle within this many rows ...
+            local_shuffle_seed=config["seed"] + epoch,  # [7] ... in a new, repeatable order every epoch
         )
-        for batch in batches:
+        for batch in batches:  # [8] a dict of tensors: batch["image"], batch["label"]
             optimizer.zero_grad()
             loss = loss_fn(model(batch["image"]), batch["label"])
             loss.backward()
@@ -208,7 +212,7 @@ def train_loop_per_worker(config: dict) -> None:
         epoch_s = time.time() - started_at
 
         plain_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-        valid = evaluate_shard(plain_model, valid_shard, batch_size=512)  # [7] shards, then all-reduce
+        valid = evaluate_shard(plain_model, valid_shard, batch_size=512)  # [9] every worker, its shard; then all-reduce
         metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": valid["loss"],
                    "test_acc": valid["accuracy"], "epoch_s": epoch_s,
                    "images_per_s": num_images * world_size / epoch_s, "epoch_started_at": started_at,

@@ -15,7 +15,7 @@ from ray.train.torch import TorchTrainer
 
 from helpers.cluster import check_storage_path
 from helpers.config import load_config
-from helpers.ingest import SMOKE_ROWS, prepare_ray_data_training, train_loop_per_worker
+from helpers.ingest import SHUFFLE_BUFFER_ROWS, SMOKE_ROWS, prepare_ray_data_training, train_loop_per_worker
 from helpers.results import MetricsHistory
 from helpers.runs import new_run_name
 from helpers.scripts import parse_args, print_result, run_script
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> Result:
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": args.epochs, "global_batch_size": 128, "lr": 1e-3, "seed": 0,
-                           "prefetch_batches": 1, "shuffle_buffer": None},
+                           "prefetch_batches": 1, "shuffle_buffer": SHUFFLE_BUFFER_ROWS},
         datasets=datasets,
         scaling_config=scaling,
         run_config=RunConfig(storage_path=storage_path, name=new_run_name("train_ray_ddp_with_ray_data"),

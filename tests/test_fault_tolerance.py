@@ -1,4 +1,6 @@
-"""Lesson 05's claims, proven on real runs: an injected failure resumes at its epoch, a stopped driver's run continues.
+"""Lesson 05's claims, proven on real runs: after a failure (an exception, or a worker process killed) the run
+resumes at the failed epoch on the restored weights and optimizer state, and ends with exactly the metrics of the
+same run without a failure; a loop that forgets either restore does not; a stopped driver's run continues.
 
 Run as a script, this file is the driver the last test kills:
     python tests/test_fault_tolerance.py <run name> <storage path> <parquet root>
@@ -6,10 +8,12 @@ Run as a script, this file is the driver the last test kills:
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -20,30 +24,48 @@ from ray.train import FailureConfig, RunConfig, TrainingFailedError
 from ray.train.torch import TorchTrainer
 from ray.util.state import list_actors
 
-from helpers import setup
 from helpers.cluster import course_scaling_config
 from helpers.config import load_config
-from helpers.fault_tolerance import train_loop_per_worker
+from helpers import fault_tolerance, setup
+from helpers.fault_tolerance import kill_worker_when_checkpointed, train_loop_per_worker
 from helpers.ingest import mnist_datasets, write_mnist_parquet
 from helpers.results import MetricsHistory, latest_checkpoint_metrics, read_history, run_path
 
 #: Small epochs: 10 steps of 64 images per worker, 256 images to validate.
 ROWS = {"train": 1280, "valid": 256}
 NUM_EPOCHS = 2
+#: What must come out the same when a failed epoch is repeated on the restored state.
+COMPARED = ["train_loss", "test_loss", "test_acc"]
 
 
-def fit(storage_path: str | Path, name: str, parquet_root: str | Path, fail_at=None, max_failures: int = 0):
-    """Lesson 05's trainer: the resumable loop, 2 workers, MetricsHistory; `fit()`'s Result."""
+def fit(storage_path: str | Path, name: str, parquet_root: str | Path, fail_at=None, max_failures: int = 0,
+        loop=train_loop_per_worker):
+    """Lesson 05's trainer: the resumable loop, 2 workers, shuffled epochs, MetricsHistory; `fit()`'s Result."""
     trainer = TorchTrainer(
-        train_loop_per_worker,
+        loop,
         train_loop_config={"num_epochs": NUM_EPOCHS, "global_batch_size": 128, "lr": 1e-3, "seed": 0,
-                           "prefetch_batches": 1, "fail_at": fail_at},
+                           "prefetch_batches": 1, "shuffle_buffer": ROWS["train"] // 2, "fail_at": fail_at},
         datasets=mnist_datasets(parquet_root, ROWS),
         scaling_config=course_scaling_config(load_config(), num_workers=2, use_gpu=False),
         run_config=RunConfig(storage_path=str(storage_path), name=name, callbacks=[MetricsHistory()],
                              failure_config=FailureConfig(max_failures=max_failures)),
     )
     return trainer.fit()
+
+
+def epoch_metrics(result_or_folder) -> list[dict]:
+    """Each reported epoch's compared metrics, in order."""
+    history = read_history(result_or_folder)
+    return history[history["event"] == "report"][COMPARED].to_dict("records")
+
+
+def without(line: str):
+    """`train_loop_per_worker` with one line of its source replaced by `pass`: a loop that forgets a restore."""
+    source = textwrap.dedent(inspect.getsource(train_loop_per_worker))
+    assert source.count(line) == 1, f"{line!r} not found once in the loop"
+    namespace = dict(vars(fault_tolerance))
+    exec(compile(source.replace(line, "pass"), "<loop without a restore>", "exec"), namespace)
+    return namespace["train_loop_per_worker"]
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +82,53 @@ def _events(history) -> list[tuple]:
              else int(row.start_epoch)) for row in history.itertuples()]
 
 
-def test_an_injected_failure_resumes_at_the_failed_epoch(cluster):
+@pytest.fixture(scope="module")
+def reference(cluster) -> list[dict]:
+    """The per-epoch metrics of the run without a failure."""
+    _, storage, parquet_root = cluster
+    metrics = epoch_metrics(fit(storage, "no-failure", parquet_root))
+    assert len(metrics) == NUM_EPOCHS
+    return metrics
+
+
+def test_an_injected_failure_resumes_on_the_restored_state(cluster, reference):
     _, storage, parquet_root = cluster
     result = fit(storage, "worker-failure", parquet_root, fail_at=(1, 2, 1), max_failures=1)
-    assert result.error is None
     history = read_history(result.path)
     # Epoch 0 once; the failure in epoch 1; epoch 1 once, by workers that started at epoch 1. None lost, none repeated.
     assert _events(history) == [("report", 0, 0), ("failure", None, None), ("report", 1, 1)]
     failure = history[history["event"] == "failure"].iloc[0]
     assert failure["rank"] == 1 and "InjectedFailure" in failure["error"] and "epoch 1, step 2" in failure["error"]
-    # The last checkpoint holds what resuming needs, for the last epoch.
+    # Same weights, same Adam state, same shuffled order: the repeated epoch and the next are exactly the reference's.
+    assert epoch_metrics(result) == reference
     with result.checkpoint.as_directory() as checkpoint_dir:
         state = torch.load(Path(checkpoint_dir) / "train_state.pt", map_location="cpu")
-        assert (Path(checkpoint_dir) / "model.pt").is_file()
     assert state["epoch"] == NUM_EPOCHS - 1 and state["optimizer"]["state"], "optimizer state missing"
+
+
+def test_a_killed_worker_process_is_replaced_and_the_run_resumes(cluster, reference):
+    _, storage, parquet_root = cluster
+    name = "worker-killed"
+    watch = kill_worker_when_checkpointed(run_path(storage, name), epoch=0)  # SIGKILL, in epoch 1
+    try:
+        result = fit(storage, name, parquet_root, max_failures=1)
+    finally:
+        watch.set()
+    history = read_history(result.path)
+    failures = history[history["event"] == "failure"]
+    assert len(failures) == 1, f"expected one failure, got:\n{history[['event', 'epoch', 'error']]}"
+    assert "ActorDiedError" in failures.iloc[0]["error"] or "died" in failures.iloc[0]["error"]
+    assert epoch_metrics(result) == reference, "the run after the killed process differs from the one without"
+
+
+def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(cluster, reference):
+    _, storage, parquet_root = cluster
+    line = "optimizer.load_state_dict(optimizer_state)"  # Adam's running averages start again from zero
+    result = fit(storage, "forgets-optimizer", parquet_root, fail_at=(1, 2, 1), max_failures=1, loop=without(line))
+    resumed = epoch_metrics(result)
+    assert resumed[0] == reference[0], "epoch 0 ran before the failure: it must match"
+    assert resumed[1]["train_loss"] != pytest.approx(reference[1]["train_loss"], rel=1e-3), \
+        f"without `{line}` the resumed epoch still matches: the comparison cannot see the restore"
 
 
 def test_without_max_failures_the_same_failure_ends_the_run(cluster):
@@ -88,7 +143,7 @@ def _train_workers_alive() -> int:
     return len(list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]))
 
 
-def test_a_killed_driver_s_run_continues_under_the_same_name(cluster):
+def test_a_killed_driver_s_run_continues_under_the_same_name(cluster, reference):
     _, storage, parquet_root = cluster
     name, folder = "driver-stop", run_path(storage, "driver-stop")
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
@@ -109,9 +164,9 @@ def test_a_killed_driver_s_run_continues_under_the_same_name(cluster):
         assert time.monotonic() < deadline, "the killed driver's training workers are still running"
         time.sleep(1)
 
-    result = fit(storage, name, parquet_root)  # the same name and storage path
-    assert result.error is None
+    fit(storage, name, parquet_root)  # the same name and storage path; fit() raises if the run fails
     assert _events(read_history(folder)) == [("report", 0, 0), ("report", 1, 1)], "epoch 0 lost or repeated"
+    assert epoch_metrics(folder) == reference, "the continued run differs from the one never stopped"
 
 
 if __name__ == "__main__":

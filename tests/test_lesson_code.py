@@ -1,0 +1,53 @@
+"""The code a lesson teaches is defined in a notebook cell the learner can edit; `helpers` keeps the copy that the
+scripts and later lessons import. These tests fail when the two drift apart (d2l's `#@save`, checked instead of
+extracted)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+#: notebook -> the functions its cells define, each with the helpers module that keeps the copy.
+LESSON_CODE = {
+    "02_ray_train_ddp.ipynb": {"train_loop_per_worker": "helpers.ddp"},
+    "03_ray_data_ingest.ipynb": {"train_loop_per_worker": "helpers.ingest"},
+    "05_fault_tolerance.ipynb": {"train_loop_per_worker": "helpers.fault_tolerance"},
+}
+
+
+def notebook_functions(notebook: Path) -> dict[str, list[str]]:
+    """Every top-level function a notebook's code cells define: name -> its source, once per definition."""
+    found: dict[str, list[str]] = {}
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        if cell.cell_type != "code" or cell.source.lstrip().startswith(("%", "!")):
+            continue
+        tree = ast.parse(cell.source)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                found.setdefault(node.name, []).append(ast.get_source_segment(cell.source, node))
+    return found
+
+
+@pytest.mark.parametrize("notebook,name,module", [(notebook, name, module) for notebook, functions in
+                                                  LESSON_CODE.items() for name, module in functions.items()])
+def test_the_notebook_cell_and_the_helpers_copy_are_the_same_code(notebook, name, module):
+    definitions = notebook_functions(NOTEBOOKS / notebook).get(name, [])
+    assert len(definitions) == 1, f"{notebook} must define {name} in exactly one cell, found {len(definitions)}"
+    helpers_copy = textwrap.dedent(inspect.getsource(getattr(importlib.import_module(module), name))).rstrip()
+    assert definitions[0].rstrip() == helpers_copy, (
+        f"{notebook}'s {name} differs from {module}.{name}: change both (the scripts and later lessons use "
+        f"{module})")
+
+
+def test_the_comparison_sees_a_changed_line(tmp_path):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import x\n\n\ndef f(a):\n    return a + 1\n")])
+    nbformat.write(notebook, tmp_path / "n.ipynb")
+    assert notebook_functions(tmp_path / "n.ipynb") == {"f": ["def f(a):\n    return a + 1"]}
