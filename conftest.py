@@ -1,9 +1,21 @@
 """Suite-wide pytest set-up (notebooks and tests/).
 
 - nbval compares each notebook cell's output with the committed one, except Ray's log lines: those it forwards
-  from its other processes (workers, actors, the GCS) arrive whenever those processes write them, in whichever
-  cell happens to be running, and they and its C++ core log carry pids, ids and timestamps. Everything else
-  the kernel prints, Python warnings and errors included, stays compared.
+  from its other processes (workers, actors, the GCS, the raylet) arrive whenever those processes write them, in
+  whichever cell happens to be running, and they and its C++ core log carry pids, ids and timestamps. Everything
+  else the kernel prints, Python warnings and errors included, stays compared.
+- Forwarded lines that report an error still fail the cell, whether or not its output is compared: a Python
+  traceback (``Traceback (most recent call last):``), an exception line (``ValueError: ...``,
+  ``ray.exceptions.RayTaskError(...): ...``) or one of Ray Train's failure reports (``Error in training
+  function:``, ``Training failed due to worker errors``, ``[Rank 1 Error Snippet]:``). nbval then reports
+  "Ray reported errors from other processes" and lists the lines. Only the new run's output is checked.
+- A cell that causes errors on purpose opts in with a comment line in its source::
+
+      # NBVAL_RAY_ERRORS_EXPECTED: Traceback|InjectedFailure|Training failed due to worker errors
+
+  Every forwarded error line must then match the regex (``re.search``, colour codes and Ray's
+  "[repeated Nx across cluster]" note removed); a line that does not still fails the cell. Several such
+  lines combine as alternatives.
 - A guard: the suite must not leave Ray, kernels or JupyterLab running.
 """
 
@@ -16,16 +28,48 @@ import matplotlib
 import nbformat
 import psutil
 import pytest
-from nbval.plugin import IPyNbCell
+from nbval.plugin import IPyNbCell, NbCellError
 
 #: A line Ray forwarded from another process: "(RayTrainWorker pid=42, ip=10.0.0.2) ...", "(pid=gcs_server) ...",
-#: optionally in colour; the note Ray prints under de-duplicated lines; or a line of Ray's C++ core log
-#: ("[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: ..."), which the kernel's Ray client writes itself.
+#: "(raylet) ...", "(autoscaler +1m2s) ...", optionally in colour; the note Ray prints under de-duplicated lines;
+#: or a line of Ray's C++ core log ("[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: ..."), which
+#: the kernel's Ray client writes itself.
 RAY_LOG_LINE = re.compile(
-    r"^(\x1b\[[\d;]*m)?\((\w+ )?pid=\w+(, ip=[\w.:-]+)?\)"
+    r"^(\x1b\[[\d;]*m)?\(((\w+ )?pid=\w+|raylet|autoscaler \+[\w.]+)(, ip=[\w.:-]+)?\)"
     r"|^\(Ray deduplicates logs by default\."
     r"|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.cc:\d+: "
 )
+
+#: Colour codes, and the note Ray appends to a line it printed once for several processes.
+_DECORATION = re.compile(r"\x1b\[[\d;]*m|\s*\[repeated \d+x across cluster\].*$")
+
+#: The prefix of a forwarded line, up to the message ("(RayTrainWorker pid=42) ", "[... E 1 1] core_worker.cc:9: ").
+_PREFIX = re.compile(
+    r"^\(((\w+ )?pid=\w+|raylet|autoscaler \+[\w.]+)(, ip=[\w.:-]+)?\) ?"
+    r"|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.cc:\d+: "
+)
+
+#: A forwarded message that reports an error. The rule looks at what a line says, not at its log level:
+#: the committed outputs hold benign lines logged at level E ("(pid=gcs_server) [...] E ... Failed to kill
+#: actor ...: Socket closed" while Ray tears actors down; "[... E ...] core_worker.cc: Actor with class name:
+#: 'MapWorker(...)' ... has constructor arguments in the object store") and Ray Data warnings; none of them
+#: is a traceback, an exception line or a Ray Train failure report, so they stay out of the comparison.
+#: The Ray Train phrases are the ones Ray 2.60 logs: ray/train/v2/_internal/util.py ("Error in training
+#: function:"), api/exceptions.py (WorkerGroupError), worker_group/poll.py ("[Rank 1 Error Snippet]:").
+RAY_ERROR_MESSAGE = re.compile(
+    r"^Traceback \(most recent call last\):"
+    # an exception line: "ValueError: x", "TimeoutError", "ray.exceptions.RayTaskError(ValueError): ...",
+    # "helpers.fault_tolerance.InjectedFailure: ...", Ray Train's "Error: Training failed ..."
+    r"|^([A-Za-z_]\w*\.)*\w*(Error|Exception|Failure|Interrupt|Exit)(\([\w.]*\))?(:\s|:?$)"
+    r"|Error in training function:"
+    r"|Training failed due to worker errors"
+    r"|\[Rank [\d, ]+ Error Snippet\]"
+    r"|Exception raised in creation task"
+    r"|A worker died or was killed"
+)
+
+#: The opt-in marker of a cell that causes errors on purpose.
+EXPECTED_MARKER = re.compile(r"^\s*#\s*NBVAL_RAY_ERRORS_EXPECTED:\s*(.+?)\s*$", re.MULTILINE)
 
 
 def drop_ray_log_lines(outputs: list) -> list:
@@ -41,14 +85,65 @@ def drop_ray_log_lines(outputs: list) -> list:
     return kept
 
 
+def expected_ray_errors(source: str) -> re.Pattern | None:
+    """The regex a cell's `# NBVAL_RAY_ERRORS_EXPECTED:` lines allow, or None without such a line."""
+    patterns = EXPECTED_MARKER.findall(source)
+    return re.compile("|".join(f"(?:{pattern})" for pattern in patterns)) if patterns else None
+
+
+def ray_error_lines(outputs: list, expected: re.Pattern | None = None) -> list[str]:
+    """The forwarded lines in `outputs` that report an error and that `expected` does not allow."""
+    found = []
+    for output in outputs:
+        if output.get("output_type") != "stream":
+            continue
+        for line in output["text"].splitlines():
+            if not RAY_LOG_LINE.match(line):
+                continue
+            plain = _DECORATION.sub("", line)
+            if not RAY_ERROR_MESSAGE.search(_PREFIX.sub("", plain, count=1)):
+                continue
+            if expected is None or not expected.search(plain):
+                found.append(plain)
+    return found
+
+
+def check_ray_errors(cell_num: int, source: str, outputs: list) -> None:
+    """Raise nbval's NbCellError when Ray forwarded error lines the cell does not expect."""
+    unexpected = ray_error_lines(outputs, expected_ray_errors(source))
+    if unexpected:
+        hint = (
+            "If the cell causes these errors on purpose, allow them with a line "
+            "'# NBVAL_RAY_ERRORS_EXPECTED: <regex>' in its source."
+        )
+        raise NbCellError(
+            cell_num,
+            f"Ray reported errors from other processes ({len(unexpected)} line(s))",
+            source,
+            "\n".join(unexpected) + "\n\n" + hint,
+        )
+
+
 _compare_outputs = IPyNbCell.compare_outputs
+_runtest = IPyNbCell.runtest
 
 
 def _compare_outputs_without_ray_logs(self, test, ref, skip_compare=None):
     return _compare_outputs(self, drop_ray_log_lines(test), drop_ray_log_lines(ref), skip_compare)
 
 
+def _runtest_checking_ray_errors(self):
+    # nbval compares only cells whose output is checked; the error check runs for every executed cell.
+    try:
+        _runtest(self)
+    except NbCellError as failure:
+        check_ray_errors(self.cell_num, self.cell.source, getattr(self, "test_outputs", []))
+        raise failure
+    check_ray_errors(self.cell_num, self.cell.source, getattr(self, "test_outputs", []))
+
+
 IPyNbCell.compare_outputs = _compare_outputs_without_ray_logs
+IPyNbCell.runtest = _runtest_checking_ray_errors
 
 # Figures made by the unit tests render off-screen. (Not through MPLBACKEND: the notebooks'
 # kernels inherit the environment and must keep Jupyter's inline backend.)

@@ -1,9 +1,62 @@
-"""The nbval filter in the root conftest.py drops Ray's forwarded log lines, and nothing else."""
+"""The nbval filter in the root conftest.py: Ray's forwarded log lines leave the comparison, and those that
+report an error fail the cell unless the cell expects them (`# NBVAL_RAY_ERRORS_EXPECTED: <regex>`).
+
+The forwarded lines below are copied from the committed outputs of the lessons."""
 
 from __future__ import annotations
 
 import nbformat
-from conftest import drop_ray_log_lines
+import pytest
+from conftest import check_ray_errors, drop_ray_log_lines, expected_ray_errors, ray_error_lines
+from nbval.plugin import NbCellError
+
+#: Benign lines, several logged at level E, that must neither be compared nor fail a cell.
+BENIGN = (
+    "\x1b[36m(TrainController pid=8566)\x1b[0m Requesting resources: {'CPU': 1.0} * 2\n"
+    "\x1b[36m(pid=gcs_server)\x1b[0m [2026-11-22 06:46:53,887 E 6758 6758] (gcs_server) gcs_actor_scheduler.cc:234: "
+    "Failed to kill actor 0ee5e2dfcc7d, return status: Invalid: KillActor RPC failed for actor 0ee5e2dfcc7d: "
+    "RpcError: RPC error: Socket closed\n"
+    "(RayTrainWorker pid=42, ip=10.0.0.2) Moving model to device: cuda:0\n"
+    "(Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)\n"
+    "[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: Actor with class name: 'MapWorker'\n"
+    "\x1b[36m(SplitCoordinator pid=691)\x1b[0m Progress bars disabled. To enable, set "
+    "`ray.data.DataContext.get_current().enable_progress_bars = True`.\n"
+    "\x1b[36m(TrainController pid=464)\x1b[0m [State Transition] SHUTTING_DOWN -> FINISHED.\n"
+    "(raylet) Warning: the lease cannot be scheduled right now.\n"
+)
+
+#: A worker's failure as lesson 05 injects it, and the controller's report of it.
+WORKER_FAILURE = (
+    "\x1b[36m(RayTrainWorker pid=557)\x1b[0m Error in training function:\n"
+    "\x1b[36m(RayTrainWorker pid=557)\x1b[0m Traceback (most recent call last):\n"
+    '\x1b[36m(RayTrainWorker pid=557)\x1b[0m   File "/tmp/ray/session_x/helpers/fault_tolerance.py", line 68, in '
+    "train_loop_per_worker\n"
+    '\x1b[36m(RayTrainWorker pid=557)\x1b[0m     raise InjectedFailure(f"rank {rank} fails on purpose")\n'
+    "\x1b[36m(RayTrainWorker pid=557)\x1b[0m helpers.fault_tolerance.InjectedFailure: rank 1 fails on purpose at "
+    "epoch 1, step 2\n"
+    "\x1b[36m(TrainController pid=464)\x1b[0m [FailurePolicy] RETRY\n"
+    "\x1b[36m(TrainController pid=464)\x1b[0m   Error count: 1 (max allowed: 1)\n"
+    "\x1b[36m(TrainController pid=464)\x1b[0m Error: Training failed due to worker errors:\n"
+    "\x1b[36m(TrainController pid=464)\x1b[0m [Rank 1 Error Snippet]:\n"
+    "\x1b[36m(TrainController pid=464)\x1b[0m ray.train.WorkerGroupError: Training failed due to worker errors:\n"
+    "\x1b[36m(TrainController pid=464)\x1b[0m Traceback (most recent call last):\x1b[32m [repeated 2x across "
+    "cluster] (Ray deduplicates logs by default.)\x1b[0m\n"
+)
+
+#: A worker's unexpected error (lesson 06's collective timeout).
+TIMEOUT = (
+    "\x1b[36m(RayTrainWorker pid=5447)\x1b[0m Traceback (most recent call last):\n"
+    "\x1b[36m(RayTrainWorker pid=5447)\x1b[0m ray.exceptions.RayTaskError(BroadcastCollectiveTimeoutError): "
+    "ray::SynchronizationActor.broadcast_from_rank_zero() (pid=5406, ip=192.0.2.2)\n"
+    "\x1b[36m(RayTrainWorker pid=5447)\x1b[0m asyncio.exceptions.CancelledError\n"
+    "\x1b[36m(RayTrainWorker pid=5447)\x1b[0m TimeoutError\n"
+)
+
+EXPECTS_INJECTED = (
+    "# NBVAL_RAY_ERRORS_EXPECTED: Traceback|InjectedFailure|Error in training function\n"
+    "# NBVAL_RAY_ERRORS_EXPECTED: Training failed due to worker errors|Error Snippet\n"
+    "result = trainer.fit()\n"
+)
 
 
 def _stream(name: str, text: str):
@@ -11,15 +64,8 @@ def _stream(name: str, text: str):
 
 
 def test_lines_forwarded_by_ray_are_dropped_and_empty_streams_go():
-    forwarded = (
-        "\x1b[36m(TrainController pid=8566)\x1b[0m Requesting resources: {'CPU': 1.0} * 2\n"
-        "\x1b[36m(pid=gcs_server)\x1b[0m [2026-11-22 06:46:53,887 E 6758 6758] Failed to kill actor\n"
-        "(RayTrainWorker pid=42, ip=10.0.0.2) Moving model to device: cuda:0\n"
-        "(Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)\n"
-        "[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: Actor with class name: 'MapWorker'\n"
-    )
     result = nbformat.from_dict({"output_type": "execute_result", "data": {"text/plain": "1"}, "metadata": {}})
-    assert drop_ray_log_lines([_stream("stderr", forwarded), result]) == [result]
+    assert drop_ray_log_lines([_stream("stderr", BENIGN + WORKER_FAILURE), result]) == [result]
 
 
 def test_the_kernels_own_output_is_kept():
@@ -27,3 +73,52 @@ def test_the_kernels_own_output_is_kept():
     mixed = _stream("stderr", "\x1b[36m(DatasetManager pid=7)\x1b[0m a log line\n" + warning)
     kept = drop_ray_log_lines([mixed, _stream("stdout", "(a parenthesis, pid=3 is not a Ray prefix)\n")])
     assert [output["text"] for output in kept] == [warning, "(a parenthesis, pid=3 is not a Ray prefix)\n"]
+
+
+def test_benign_forwarded_lines_pass():
+    assert ray_error_lines([_stream("stderr", BENIGN)]) == []
+    check_ray_errors(3, "trainer.fit()\n", [_stream("stderr", BENIGN)])
+
+
+def test_a_workers_traceback_fails_the_cell_and_names_the_lines():
+    with pytest.raises(NbCellError) as failure:
+        check_ray_errors(7, "result = trainer.fit()\n", [_stream("stderr", BENIGN + WORKER_FAILURE)])
+    assert failure.value.cell_num == 7
+    assert "Ray reported errors from other processes" in str(failure.value)
+    report = failure.value.inner_traceback
+    assert "(RayTrainWorker pid=557) Traceback (most recent call last):" in report
+    assert "helpers.fault_tolerance.InjectedFailure: rank 1" in report
+    assert "ray.train.WorkerGroupError: Training failed due to worker errors:" in report
+    assert "Requesting resources" not in report and "Error count" not in report
+
+
+def test_the_kernels_own_error_text_is_not_this_checks_business():
+    # Printed by the kernel itself, so compared by nbval as usual; not a forwarded line.
+    check_ray_errors(1, "", [_stream("stdout", "ValueError: shown on purpose by the lesson\n")])
+
+
+def test_expected_errors_pass_with_the_marker():
+    check_ray_errors(9, EXPECTS_INJECTED, [_stream("stderr", BENIGN + WORKER_FAILURE)])
+
+
+def test_a_marker_for_another_error_does_not_allow_this_one():
+    with pytest.raises(NbCellError) as failure:
+        check_ray_errors(9, EXPECTS_INJECTED, [_stream("stderr", WORKER_FAILURE + TIMEOUT)])
+    report = failure.value.inner_traceback
+    assert "BroadcastCollectiveTimeoutError" in report and "TimeoutError" in report
+    assert "InjectedFailure" not in report  # the expected lines are not reported
+
+
+def test_the_marker_must_cover_every_error_line():
+    only_the_exception = "# NBVAL_RAY_ERRORS_EXPECTED: InjectedFailure\n"
+    lines = ray_error_lines([_stream("stderr", WORKER_FAILURE)], expected_ray_errors(only_the_exception))
+    assert any("Traceback (most recent call last):" in line for line in lines)
+    assert not any("InjectedFailure" in line for line in lines)
+
+
+def test_nbval_runs_the_check_for_every_cell_and_a_killed_worker_counts():
+    from nbval.plugin import IPyNbCell
+
+    assert IPyNbCell.runtest.__name__ == "_runtest_checking_ray_errors"  # compared or not, every run cell
+    died = "\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an unexpected system error.\n"
+    assert ray_error_lines([_stream("stderr", died)]) == [died.replace("\x1b[33m", "").replace("\x1b[0m", "").rstrip()]
