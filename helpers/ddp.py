@@ -1,6 +1,7 @@
 """Lesson 02's training loop: lesson 01's loop, data-parallel under Ray Train.
 
-Kept here once, so the notebook (which shows it) and `train_ray_ddp.py` run the same code.
+Lesson 02 defines the same function in a cell the learner edits; this copy is the one `train_ray_ddp.py`
+and later lessons import, and tests/test_lesson_code.py fails when the two differ.
 The numbered comments mark what changed from lesson 01's `train_single_device`.
 """
 
@@ -24,7 +25,7 @@ from helpers.training import evaluate, seed_everything
 def train_loop_per_worker(config: dict) -> None:
     """Runs on every Ray Train worker; `config` is the trainer's `train_loop_config`."""
     seed_everything(config["seed"])
-    context = ray.train.get_context()
+    context = ray.train.get_context()  # [1] this worker's place in the group
     world_size, rank = context.get_world_size(), context.get_world_rank()
     batch_size_per_worker = config["global_batch_size"] // world_size  # [1] split the global batch
 
@@ -32,37 +33,39 @@ def train_loop_per_worker(config: dict) -> None:
     train_loader = DataLoader(load_mnist(config["data_dir"], train=True), batch_size=batch_size_per_worker, shuffle=True)
     test_loader = DataLoader(load_mnist(config["data_dir"], train=False), batch_size=512)
     train_loader = ray.train.torch.prepare_data_loader(train_loader)  # [2] shard + move batches to the device
-    test_loader = ray.train.torch.prepare_data_loader(test_loader, add_dist_sampler=False)  # every worker: all of it
+    test_loader = ray.train.torch.prepare_data_loader(test_loader, add_dist_sampler=False)  # [2] no shard: all of it
     model = ray.train.torch.prepare_model(resnet18_mnist())  # [3] move to the device, wrap in DDP
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     loss_fn = nn.CrossEntropyLoss()
+    # [4] no run_dir, no metrics.csv: ray.train.report below stores metrics and checkpoints
 
     for epoch in range(config["num_epochs"]):
         if world_size > 1:
-            train_loader.sampler.set_epoch(epoch)  # [4] a new shuffle every epoch
+            train_loader.sampler.set_epoch(epoch)  # [5] a new shuffle every epoch
         model.train()
-        started_at, total_loss, num_images = time.time(), 0.0, 0
-        for step, (images, labels) in enumerate(train_loader):  # [5] no .to(device): already there
+        started_at, total_loss, num_images = time.time(), 0.0, 0  # [6] wall-clock start, kept in the metrics
+        for step, (images, labels) in enumerate(train_loader):  # [7] train_one_epoch's steps, no .to(device)
             if config["max_steps_per_epoch"] is not None and step >= config["max_steps_per_epoch"]:
                 break
             optimizer.zero_grad()
             loss = loss_fn(model(images), labels)
-            loss.backward()  # [6] DDP all-reduces the gradients here
+            loss.backward()  # [8] DDP all-reduces the gradients here
             optimizer.step()
             total_loss += loss.item() * len(labels)
             num_images += len(labels)
         epoch_s = time.time() - started_at
 
-        plain_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-        test = evaluate(plain_model, test_loader, ray.train.torch.get_device())  # no DDP: no collectives
+        plain_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model  # [9]
+        test = evaluate(plain_model, test_loader, ray.train.torch.get_device())  # [9] no DDP: no collectives
         metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": test["loss"],
                    "test_acc": test["accuracy"], "epoch_s": epoch_s,
-                   "images_per_s": num_images * world_size / epoch_s,  # all workers' images
-                   "epoch_started_at": started_at,
-                   "node_id": ray.get_runtime_context().get_node_id()}  # the node this worker runs on
+                   "images_per_s": num_images * world_size / epoch_s,  # [10] all workers' images
+                   "epoch_started_at": started_at,  # [10] when this epoch began
+                   "node_id": ray.get_runtime_context().get_node_id()}  # [10] the node this worker runs on
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None
-            if rank == 0:  # [7] one copy of the weights is enough: rank 0 writes it
+            if rank == 0:  # [11] one copy of the weights is enough: rank 0 writes it
                 torch.save(plain_model.state_dict(), Path(checkpoint_dir) / "model.pt")
                 checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
-            ray.train.report(metrics, checkpoint=checkpoint)  # [8] every worker reports: it is a barrier
+            # [12] every worker reports, with or without a checkpoint: it is a barrier
+            ray.train.report(metrics, checkpoint=checkpoint)
