@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -107,7 +108,10 @@ def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], No
         while not cancelled.is_set() and time.monotonic() < deadline:
             latest = latest_checkpoint_metrics(run_path)
             if latest and latest["epoch"] >= epoch:
-                action()
+                try:
+                    action()
+                except Exception as error:  # a thread's exception would vanish: say what went wrong
+                    print(f"{action.__name__} failed: {type(error).__name__}: {error}", file=sys.stderr)
                 return
             cancelled.wait(0.2)
 
@@ -136,12 +140,16 @@ def kill_worker_process() -> dict:
     The signal is sent by a task placed on the worker's node, so this works on a cluster too.
     Returns the worker's pid and node id.
     """
-    workers = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    workers = list_actors(address=ray.get_runtime_context().gcs_address,  # this driver's cluster, not another
+                          filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
     if not workers:
         raise RuntimeError("no Ray Train worker is running")
     worker = workers[-1]
-    strategy = NodeAffinitySchedulingStrategy(node_id=worker.node_id, soft=False)
-    ray.get(_send_sigkill.options(scheduling_strategy=strategy).remote(worker.pid))
+    if worker.node_id == ray.get_runtime_context().get_node_id():
+        os.kill(worker.pid, signal.SIGKILL)  # on this machine: at once
+    else:
+        strategy = NodeAffinitySchedulingStrategy(node_id=worker.node_id, soft=False)
+        ray.get(_send_sigkill.options(scheduling_strategy=strategy).remote(worker.pid))
     return {"pid": worker.pid, "node_id": worker.node_id}
 
 

@@ -29,10 +29,11 @@ def notebook_functions(notebook: Path) -> dict[str, list[str]]:
     for cell in nbformat.read(notebook, as_version=4).cells:
         if cell.cell_type != "code" or cell.source.lstrip().startswith(("%", "!")):
             continue
-        tree = ast.parse(cell.source)
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef):
-                found.setdefault(node.name, []).append(ast.get_source_segment(cell.source, node))
+        lines = cell.source.splitlines()
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.FunctionDef):  # whole lines: a comment after the last statement counts too
+                first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
+                found.setdefault(node.name, []).append("\n".join(lines[first - 1:node.end_lineno]))
     return found
 
 
