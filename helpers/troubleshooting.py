@@ -1,54 +1,57 @@
-"""Measurements lesson 06's troubleshooting labs use: time blocked on data, memory an autograd graph keeps."""
+"""Measurements lesson 06's troubleshooting labs use: a data iterator's own clock, memory an autograd graph keeps."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
+import re
 
 import torch
 from torch import nn
 
+#: The lines of a Ray Data iterator's `stats()` that `iterator_times` reads, by the key it returns them under.
+ITERATOR_LINES = {
+    "total_s": "Total time overall",
+    "initialize_s": "Total time in Ray Data iterator initialization code",
+    "blocked_s": "Total time user thread is blocked by Ray Data iter_batches",
+    "first_batch_s": "Total time spent waiting for the first batch after starting iteration",
+    "user_s": "Total execution time for user thread",
+}
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
-def time_blocked_on_data(batches: Iterable[dict], step_s: float) -> dict[str, float]:
-    """Run a stand-in training loop over `batches`: each step takes `step_s` seconds (say, on a GPU).
 
-    Returns the images per second, the seconds until the first batch arrived, and the share of the loop's
-    time spent waiting for batches: near 0 when data keeps up, near 1 when the loop is starved.
+def iterator_times(stats: str) -> dict[str, float]:
+    """Seconds from a Ray Data iterator's `stats()` text: total, initialization, blocked, first batch, user code.
+
+    Ray Data prints these times as text ("9.12s", "101.97ms") and leaves out a line whose time is still 0: such
+    a key is 0.0 here. A shard iterator's times add up over every pass (epoch) made with it so far.
     """
-    waited, first_batch_s, num_images, started = 0.0, None, 0, time.perf_counter()
-    iterator = iter(batches)
-    while True:
-        asked = time.perf_counter()
-        batch = next(iterator, None)
-        waited += time.perf_counter() - asked
-        if first_batch_s is None:
-            first_batch_s = waited
-        if batch is None:
-            break
-        time.sleep(step_s)  # the training step, which does not need the CPU
-        num_images += len(batch["label"])
-    total = time.perf_counter() - started
-    return {"images_per_s": num_images / total, "first_batch_s": first_batch_s, "blocked_share": waited / total,
-            "seconds": total}
+    times = dict.fromkeys(ITERATOR_LINES, 0.0)
+    for key, label in ITERATOR_LINES.items():
+        found = re.search(rf"{re.escape(label)}: ([\d.]+)(us|ms|s)\b", stats)
+        if found:
+            times[key] = float(found.group(1)) * _UNITS[found.group(2)]
+    return times
 
 
 def activation_bytes(model: nn.Module, images: torch.Tensor) -> int:
     """Bytes of activations autograd keeps for `backward()` after one forward pass of `images`.
 
-    Counts the tensors saved for the backward pass that are not the model's own parameters. They stay
+    Counts the storages of the tensors saved for the backward pass, each storage once (views, in-place
+    results and a tensor saved by two operations share one), leaving out the model's parameters. They stay
     in memory until `backward()` runs, or for as long as something refers to the output's graph.
     """
     parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
-    total = 0
+    storages: dict[int, int] = {}
 
     def keep(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        if tensor.untyped_storage().data_ptr() not in parameters:
-            total += tensor.numel() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-        model(images)
+        output = model(images)  # kept until the count is done: its graph keeps the saved storages alive
+        total = sum(storages.values())
+    del output
     return total
 
 
