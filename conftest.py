@@ -15,7 +15,8 @@
 
   Every forwarded error line must then match the regex (``re.search``, colour codes and Ray's
   "[repeated Nx across cluster]" note removed); a line that does not still fails the cell. Several such
-  lines combine as alternatives.
+  lines combine as alternatives. A marker also covers the notebook's later cells: Ray forwards a line whenever
+  it reaches the kernel, so an error caused on purpose may arrive while the next cells run.
 - A guard: the suite must not leave Ray, kernels or JupyterLab running.
 """
 
@@ -132,14 +133,24 @@ def _compare_outputs_without_ray_logs(self, test, ref, skip_compare=None):
     return _compare_outputs(self, drop_ray_log_lines(test), drop_ray_log_lines(ref), skip_compare)
 
 
+def _allowed_so_far(self) -> str:
+    """This cell's source plus the expected-error markers of the notebook's earlier cells: Ray forwards a line
+    whenever it reaches the kernel, so an error a cell causes on purpose may arrive while a later cell runs."""
+    markers = getattr(self.parent, "_ray_errors_expected", [])
+    markers.extend(EXPECTED_MARKER.findall(self.cell.source))
+    self.parent._ray_errors_expected = markers
+    return self.cell.source + "".join(f"\n# NBVAL_RAY_ERRORS_EXPECTED: {marker}" for marker in markers)
+
+
 def _runtest_checking_ray_errors(self):
     # nbval compares only cells whose output is checked; the error check runs for every executed cell.
+    allowed = _allowed_so_far(self)
     try:
         _runtest(self)
     except NbCellError as failure:
-        check_ray_errors(self.cell_num, self.cell.source, getattr(self, "test_outputs", []))
+        check_ray_errors(self.cell_num, allowed, getattr(self, "test_outputs", []))
         raise failure
-    check_ray_errors(self.cell_num, self.cell.source, getattr(self, "test_outputs", []))
+    check_ray_errors(self.cell_num, allowed, getattr(self, "test_outputs", []))
 
 
 IPyNbCell.compare_outputs = _compare_outputs_without_ray_logs
