@@ -98,7 +98,7 @@ def train_loop_per_worker(config: dict) -> None:
             ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], None], timeout_s: float) -> threading.Event:
+def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], object], timeout_s: float) -> threading.Event:
     """Call `action` in a background thread once the run has registered the checkpoint of `epoch`.
     Returns an Event: set it to call the watch off."""
     cancelled = threading.Event()
@@ -156,7 +156,4 @@ def kill_worker_process() -> dict:
 def kill_worker_when_checkpointed(run_path: str | Path, epoch: int, timeout_s: float = 3600) -> threading.Event:
     """SIGKILL one Ray Train worker process once the run has registered the checkpoint of `epoch`: a process
     dies in the middle of the next epoch. Returns an Event: set it to call the watch off."""
-    def kill() -> None:
-        kill_worker_process()
-
-    return _when_checkpointed(run_path, epoch, kill, timeout_s)
+    return _when_checkpointed(run_path, epoch, kill_worker_process, timeout_s)
