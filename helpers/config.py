@@ -127,11 +127,24 @@ def _path(environ: Mapping[str, str], name: str, default: Path) -> Path:
     return path.resolve()
 
 
+#: The folder under a Ray session where Ray unpacks runtime envs (ray_constants.DEFAULT_RUNTIME_ENV_DIR_NAME):
+#: a submitted job's copy of its working_dir lives there, and Ray deletes it when it is no longer used.
+RAY_RUNTIME_ENV_DIR = "runtime_resources"
+
+
 def _storage(environ: Mapping[str, str], name: str, default: str) -> str:
     raw = environ.get(name, "").strip()
     if is_uri(raw):  # s3://, gs://, ...: a remote filesystem, never a local folder named "s3:"
         return raw.rstrip("/")
-    return str(_path(environ, name, Path(default)))
+    path = _path(environ, name, Path(default))
+    if RAY_RUNTIME_ENV_DIR in path.parts:
+        # `ray job submit --working-dir .` runs the job in Ray's copy of the folder: <repo>/runs lands in it.
+        given = f"{name}={raw!r} is" if raw else f"{name} is not set, and its default is"
+        raise ConfigError(
+            f"{given} {path}, inside Ray's temporary copy of this job's working_dir: Ray deletes it, checkpoints "
+            f"and all. Set {name} to storage that outlives the job, e.g. in the job's runtime env: "
+            f"--runtime-env-json '{{\"env_vars\": {{\"{name}\": \"/mnt/cluster_storage/ray-train-course\"}}}}'.")
+    return str(path)
 
 
 def default_storage_path() -> str:

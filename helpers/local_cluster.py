@@ -95,9 +95,12 @@ class LocalCluster:
     """
 
     def __init__(self, worker_nodes: int = 2, cpus_per_worker_node: int = 2, head_cpus: int = 0,
-                 token_auth: bool = True, autoscaling_config: dict | None = None) -> None:
+                 token_auth: bool = True, autoscaling_config: dict | None = None,
+                 gpus_per_worker_node: int | None = 0) -> None:
         self.worker_nodes = worker_nodes
         self.cpus_per_worker_node = cpus_per_worker_node
+        #: 0 by default: several nodes on one machine would each claim every GPU. None: Ray detects them.
+        self.gpus_per_worker_node = gpus_per_worker_node
         self.head_cpus = head_cpus
         self.token_auth = token_auth
         self.autoscaling_config = autoscaling_config
@@ -124,7 +127,8 @@ class LocalCluster:
             self._start_head()
             for _ in range(self.worker_nodes):
                 # Each node's agent needs a port of its own; with the default, 52365, only the first would get it.
-                self._ray_start(f"--address={self.address}", f"--num-cpus={self.cpus_per_worker_node}",
+                gpus = [] if self.gpus_per_worker_node is None else [f"--num-gpus={self.gpus_per_worker_node}"]
+                self._ray_start(f"--address={self.address}", f"--num-cpus={self.cpus_per_worker_node}", *gpus,
                                 "--dashboard-agent-listen-port=0", f"--temp-dir={self.temp_dir}")
         except BaseException:
             self.stop()
@@ -138,7 +142,9 @@ class LocalCluster:
         # The address `ray start --head` advertises: it calls the same function (the first IP, not 127.0.0.1).
         self.address = build_address(get_node_ip_address(), gcs_port)
         self.dashboard_url = f"http://127.0.0.1:{dashboard_port}"
-        self._env = {name: value for name, value in os.environ.items() if name not in INHERITED_RAY_VARS}
+        # Nor the course's settings (COURSE_*): a real cluster's nodes never see them; drivers and jobs hand them over.
+        self._env = {name: value for name, value in os.environ.items()
+                     if name not in INHERITED_RAY_VARS and not name.startswith("COURSE_")}
         # As in an activated virtual environment: a job's entrypoint `python` is then this environment's Python.
         self._env["PATH"] = os.pathsep.join([str(RAY_CLI.parent), self._env.get("PATH", os.defpath)])
         if self.token_auth:
@@ -152,7 +158,8 @@ class LocalCluster:
             self._env.update(RAY_AUTH_MODE="disabled")
         head_env: dict[str, str] = {}
         # Every port with a fixed default is set: to a free port, or to 0 (the OS picks one) for the agent's.
-        options = [f"--num-cpus={self.head_cpus}", f"--port={gcs_port}", "--dashboard-host=127.0.0.1",
+        # The head runs no training: no GPU either (Ray would detect the machine's GPUs on every node it starts).
+        options = [f"--num-cpus={self.head_cpus}", "--num-gpus=0", f"--port={gcs_port}", "--dashboard-host=127.0.0.1",
                    f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}",
                    "--dashboard-agent-listen-port=0", f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
         if self.autoscaling_config is not None:
@@ -189,6 +196,11 @@ class LocalCluster:
         if done.returncode != 0:
             raise RuntimeError(f"`{self.commands[-1]}` failed (exit code {done.returncode}):\n"
                                f"{(done.stdout + done.stderr)[-3000:]}")
+
+    @property
+    def token_file(self) -> Path | None:
+        """The file holding the cluster's token (readable by this user only), when `token_auth`."""
+        return self.temp_dir / "auth_token" if self.token and self.temp_dir else None
 
     def driver_env(self) -> dict[str, str]:
         """The variables a driver process needs to join: RAY_ADDRESS, and RAY_AUTH_TOKEN when `token_auth`.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,15 +28,32 @@ _dashboard_url: str | None = None
 RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is deprecated:DeprecationWarning",)
 
 
+def job_runtime_env() -> dict | None:
+    """The runtime environment of the Ray job this process is the entrypoint of (`ray job submit`), else None."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    raw = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    return (json.loads(raw).get("runtime_env") or {}) if raw else None
+
+
 def runtime_env(cfg: CourseConfig) -> dict:
     """The Ray runtime environment every worker gets: the `helpers` package and the course settings.
 
     `py_modules` uploads `helpers` so it imports on every node of a real cluster;
     a `sys.path` tweak would only reach the driver.
+    Inside a submitted job, what the job's own runtime env sets wins: `ray.init` refuses to merge two runtime
+    envs that set the same field or the same variable, and the job's values are already this process's.
     """
     warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), *RAY_INTERNAL_WARNINGS]))
-    return {"py_modules": [str(Path(helpers.__file__).parent)],
+    ours = {"py_modules": [str(Path(helpers.__file__).parent)],
             "env_vars": {**cfg.as_env(), "PYTHONWARNINGS": warning_filters}}
+    job = job_runtime_env()
+    if job is None:
+        return ours
+    merged = {field: value for field, value in ours.items() if field not in job or field == "env_vars"}
+    merged["env_vars"] = {name: value for name, value in ours["env_vars"].items()
+                          if name not in job.get("env_vars", {})}
+    return merged
 
 
 #: Where Ray reads a cluster's token from, in its order (Ray 2.60: ray/_private/authentication/).
@@ -123,10 +141,11 @@ def start_ray(cfg: CourseConfig) -> float:
     return time.perf_counter() - started
 
 
-def setup() -> CourseConfig:
+def setup(start: bool = True) -> CourseConfig:
     """Load `.env` and the configuration, start or reuse Ray, print the effective settings.
 
-    Safe to re-run in the same kernel: a running Ray is reused, not started twice.
+    Safe to re-run in the same kernel: a running Ray is reused, not started twice. With `start=False` this
+    kernel starts no Ray (lesson 07 runs a cluster of its own processes and talks to it through its Jobs API).
     """
     import ray
     import torch
@@ -135,6 +154,17 @@ def setup() -> CourseConfig:
 
     dotenv = load_dotenv_file()
     cfg = load_config()
+    _put_this_python_first_on_path()
+    if not start:
+        _print_rows({
+            "mode": _mode(cfg),
+            "data dir": str(cfg.data_dir),
+            "storage path": cfg.storage_path,
+            ".env": _dotenv(dotenv),
+            "Ray": f"{ray.__version__}, not started in this kernel",
+            "torch": torch.__version__,
+        })
+        return cfg
     if ray.is_initialized():
         how = "already running in this kernel: reused"
     else:
@@ -144,22 +174,42 @@ def setup() -> CourseConfig:
     capacity = cluster_capacity()
     plan = plan_workers(cfg, capacity=capacity)  # GPUs or CPUs, how many workers, and why
     cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers)
-    rows = {
-        "mode": f"{cfg.mode}" + ("  (tiny runs: COURSE_SMOKE_TEST=1)" if cfg.smoke_test else "  (the lesson's real size)"),
+    _print_rows({
+        "mode": _mode(cfg),
         "device": "cuda (GPU)" if cfg.use_gpu else "cpu",
         "data dir": str(cfg.data_dir),
         "storage path": cfg.storage_path,
         "workers": plan.describe(),
-        ".env": str(dotenv) if dotenv else "none found (environment and defaults)",
+        ".env": _dotenv(dotenv),
         "Ray": f"{ray.__version__}, {how}",
         "cluster": capacity.describe(),
         "dashboard": f"http://{_dashboard_url}" if _dashboard_url else "not running",
         "token auth": token_auth_state(joined=bool(cfg.ray_address)),
         "torch": torch.__version__,
-    }
+    })
+    return cfg
+
+
+def _put_this_python_first_on_path() -> None:
+    """Put this Python's `bin` folder first on PATH, as an activated virtualenv does: `!ray ...` and `!python ...`
+    in a cell are then the pinned ones, also when JupyterLab was started without activating `.venv`."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    if path[0] != bin_dir:
+        os.environ["PATH"] = os.pathsep.join([bin_dir, *(entry for entry in path if entry != bin_dir)])
+
+
+def _mode(cfg: CourseConfig) -> str:
+    return cfg.mode + ("  (tiny runs: COURSE_SMOKE_TEST=1)" if cfg.smoke_test else "  (the lesson's real size)")
+
+
+def _dotenv(found: Path | None) -> str:
+    return str(found) if found else "none found (environment and defaults)"
+
+
+def _print_rows(rows: dict[str, str]) -> None:
     width = max(map(len, rows))
     print("\n".join(f"{key:<{width}} : {value}" for key, value in rows.items()))
-    return cfg
 
 
 def dashboard_get(path: str, token: bool = True) -> tuple[int, object]:

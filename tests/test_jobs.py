@@ -1,0 +1,224 @@
+"""Ray Jobs against a real cluster on this machine (helpers.local_cluster), as lesson 07 uses it: a head with no
+CPUs, one worker node, token auth on, the dashboard and its Jobs API on loopback.
+
+Lesson 02's script is submitted for real through each interface (the `ray job` CLI, `JobSubmissionClient`, the
+REST API with `requests`), in smoke mode, one worker each: the three run at once on a worker node with 3 logical
+CPUs. Each must succeed, print its summary and leave its checkpoint on the storage path given in its runtime env.
+A long job is stopped; a job without a storage path fails at once with the course's error; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from ray.job_submission import JobStatus, JobSubmissionClient
+from test_multinode import RAY_VARS, assert_stopped, clean_env
+
+from helpers.config import REPO_ROOT
+from helpers.local_cluster import RAY_CLI, LocalCluster
+from helpers.session import runtime_env
+
+#: A training job of one worker on one CPU, so that the three interfaces' jobs run at once.
+TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
+INTERFACES = ("cli", "sdk", "rest")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    local_cluster = LocalCluster(worker_nodes=1, cpus_per_worker_node=3).start()
+    yield local_cluster
+    local_cluster.stop()  # idempotent: the last test stops it and checks that nothing is left
+
+
+@pytest.fixture(scope="module")
+def auth(cluster: LocalCluster) -> dict[str, str]:
+    return {"Authorization": f"Bearer {cluster.token}"}
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster, auth: dict[str, str]) -> JobSubmissionClient:
+    return JobSubmissionClient(cluster.dashboard_url, headers=auth)
+
+
+@pytest.fixture(scope="module")
+def job_env(tmp_path_factory) -> dict[str, str]:
+    """What a job needs that the cluster lacks: the storage path (outside the job's copy), the data, smoke mode."""
+    return {"COURSE_STORAGE_PATH": str(tmp_path_factory.mktemp("job-storage")),
+            "COURSE_DATA_DIR": os.environ.get("COURSE_DATA_DIR", str(REPO_ROOT / "data")),
+            "COURSE_SMOKE_TEST": "1", "COURSE_CPUS_PER_WORKER": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def cli(cluster: LocalCluster, *args: str, token: bool = True, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run `ray job <args>` as a learner's terminal would: the address and, with `token`, RAY_AUTH_MODE=token."""
+    env = clean_env(RAY_API_SERVER_ADDRESS=cluster.dashboard_url, RAY_AUTH_TOKEN_PATH=str(cluster.token_file))
+    if token:
+        env["RAY_AUTH_MODE"] = "token"
+    return subprocess.run([str(RAY_CLI), "job", *args], env=env, cwd=REPO_ROOT / "notebooks", capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    """Poll `predicate` every second until it returns something true; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(1)
+    return value
+
+
+def terminal_status(client: JobSubmissionClient, submission_id: str, timeout_s: float = 600) -> JobStatus:
+    return wait_until(lambda: (s := client.get_job_status(submission_id)).is_terminal() and s, timeout_s,
+                      f"job {submission_id} ended")
+
+
+def upload(cluster: LocalCluster, auth: dict[str, str], folder: Path, keep_name: bool = False) -> str:
+    """Zip `folder`'s files (under its own name for a py_modules entry) and PUT them to the cluster; the gcs:// URI."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in sorted(folder.rglob("*.py")):
+            archive.write(path, path.relative_to(folder.parent if keep_name else folder))
+    name = f"_ray_pkg_{hashlib.sha1(buffer.getvalue()).hexdigest()[:16]}.zip"
+    response = requests.put(f"{cluster.dashboard_url}/api/packages/gcs/{name}", data=buffer.getvalue(),
+                            headers=auth, timeout=60)
+    assert response.status_code == 200, response.text
+    return f"gcs://{name}"
+
+
+@pytest.fixture(scope="module")
+def training_jobs(cluster: LocalCluster, client: JobSubmissionClient, auth: dict[str, str],
+                  job_env: dict[str, str]) -> dict[str, str]:
+    """One training job per interface, submitted at once; their submission ids by interface."""
+    done = cli(cluster, "submit", "--no-wait", "--submission-id", "train-cli", "--working-dir", "..",
+               "--runtime-env-json", json.dumps({"env_vars": job_env}), "--", "python", *f"notebooks/{TRAIN}".split())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Job 'train-cli' submitted successfully" in done.stdout
+    client.submit_job(entrypoint=f"python {TRAIN}", submission_id="train-sdk", metadata={"interface": "sdk"},
+                      runtime_env={"working_dir": str(REPO_ROOT / "notebooks"),
+                                   "py_modules": [str(REPO_ROOT / "helpers")], "env_vars": job_env})
+    # REST uploads its own zips (PUT /api/packages/...): a job that sets up a working_dir URI re-extracts it
+    # (Ray 2.60: overwrite=True), pulling the folder from under a running job that uses the same URI.
+    uploaded = {"working_dir": upload(cluster, auth, REPO_ROOT / "notebooks"),
+                "py_modules": [upload(cluster, auth, REPO_ROOT / "helpers", keep_name=True)]}
+    response = requests.post(f"{cluster.dashboard_url}/api/jobs/", headers=auth, timeout=30, json={
+        "entrypoint": f"python {TRAIN}", "submission_id": "train-rest",
+        "runtime_env": {"working_dir": uploaded["working_dir"], "py_modules": uploaded["py_modules"],
+                        "env_vars": job_env}})
+    assert response.status_code == 200, response.text
+    assert response.json()["submission_id"] == "train-rest"
+    return {interface: f"train-{interface}" for interface in INTERFACES}
+
+
+def test_the_jobs_api_answers_only_with_the_token(cluster: LocalCluster, auth: dict[str, str]) -> None:
+    api = f"{cluster.dashboard_url}/api/jobs/"
+    assert requests.get(api, timeout=30).status_code == 401
+    assert requests.get(api, headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 403
+    assert requests.post(api, json={"entrypoint": "echo hi"}, timeout=30).status_code == 401
+    assert requests.get(api, headers=auth, timeout=30).status_code == 200
+
+
+def test_the_cli_sends_the_token_only_with_ray_auth_mode(cluster: LocalCluster) -> None:
+    refused = cli(cluster, "list", token=False)
+    assert refused.returncode != 0
+    assert "Missing authentication token" in refused.stderr and "RAY_AUTH_MODE is currently 'disabled'" in refused.stderr
+    listed = cli(cluster, "list")
+    assert listed.returncode == 0, listed.stderr
+
+
+@pytest.mark.parametrize("interface", INTERFACES)
+def test_a_training_job_succeeds_and_leaves_its_checkpoint_on_storage(
+        interface: str, training_jobs: dict[str, str], client: JobSubmissionClient, job_env: dict[str, str]) -> None:
+    submission_id = training_jobs[interface]
+    status = terminal_status(client, submission_id)
+    logs = client.get_job_logs(submission_id)
+    assert status == JobStatus.SUCCEEDED, logs[-3000:]
+    summary = [line for line in logs.splitlines() if line.startswith(("test_acc=", "checkpoint: ", "workers ran"))]
+    assert [line.split("=")[0].split(":")[0] for line in summary] == ["test_acc", "checkpoint", "workers ran on 1 node(s)"]
+    checkpoint = Path(summary[1].removeprefix("checkpoint: "))
+    assert checkpoint.is_relative_to(job_env["COURSE_STORAGE_PATH"]), "the checkpoint must be on the storage path"
+    assert any(checkpoint.iterdir()), "the checkpoint folder is empty"
+
+
+def test_the_cli_reports_status_and_logs(cluster: LocalCluster, training_jobs: dict[str, str],
+                                         client: JobSubmissionClient) -> None:
+    terminal_status(client, training_jobs["cli"])
+    status = cli(cluster, "status", "train-cli")
+    assert status.returncode == 0 and "Job 'train-cli' succeeded" in status.stdout, status.stdout
+    logs = cli(cluster, "logs", "train-cli", "--follow")
+    assert logs.returncode == 0 and "test_acc=" in logs.stdout
+    listed = cli(cluster, "list")
+    assert all(f"submission_id='{job}'" in listed.stdout for job in training_jobs.values()), listed.stdout[-2000:]
+    deleted = cli(cluster, "delete", "train-cli")
+    assert deleted.returncode == 0, deleted.stderr
+    assert "train-cli" not in [job.submission_id for job in client.list_jobs()]
+
+
+def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster, client: JobSubmissionClient,
+                                                           training_jobs: dict[str, str],
+                                                           job_env: dict[str, str]) -> None:
+    # After the training jobs: on 2 cores, a fourth run beside them would only slow them down.
+    for interface in ("sdk", "rest"):  # the CLI's job is deleted by now
+        terminal_status(client, training_jobs[interface])
+    entrypoint = "python train_ray_ddp.py --num-workers 1 --epochs 500"
+    client.submit_job(entrypoint=entrypoint, submission_id="long", runtime_env={
+        "working_dir": str(REPO_ROOT / "notebooks"), "py_modules": [str(REPO_ROOT / "helpers")], "env_vars": job_env})
+    driver = wait_until(lambda: [p for p in psutil.process_iter(["cmdline"])
+                                 if " ".join(p.info["cmdline"] or []) == entrypoint], 120, "the driver started")[0]
+    # Stopped while Ray Train starts its workers, as lesson 07 does.
+    wait_until(lambda: "start training worker group" in client.get_job_logs("long"), 300, "the run started")
+    stopped = cli(cluster, "stop", "long")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert terminal_status(client, "long", timeout_s=120) == JobStatus.STOPPED
+    assert wait_until(lambda: not driver.is_running() or driver.status() == psutil.STATUS_ZOMBIE, 60,
+                      "the driver process ended")
+    response = requests.delete(f"{cluster.dashboard_url}/api/jobs/long",
+                               headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30)
+    assert response.status_code == 200 and response.json() == {"deleted": True}
+
+
+def test_a_job_without_a_storage_path_fails_at_once_with_the_courses_error(
+        cluster: LocalCluster, client: JobSubmissionClient, job_env: dict[str, str]) -> None:
+    # Submitted from the repository root, the default storage (<repo>/runs) would be in the job's temporary copy.
+    env = {name: value for name, value in job_env.items() if name != "COURSE_STORAGE_PATH"}
+    done = cli(cluster, "submit", "--submission-id", "no-storage", "--working-dir", "..", "--runtime-env-json",
+               json.dumps({"env_vars": env}), "--", "python", "notebooks/train_ray_ddp.py", timeout_s=180)
+    assert done.returncode == 1, done.stdout[-3000:]  # the CLI follows the job and exits 1 when it fails
+    assert "error: COURSE_STORAGE_PATH is not set, and its default is" in done.stdout
+    assert "inside Ray's temporary copy of this job's working_dir" in done.stdout
+    assert "Traceback" not in done.stdout
+    assert client.get_job_status("no-storage") == JobStatus.FAILED
+
+
+def test_the_courses_runtime_env_leaves_the_jobs_own_settings_to_the_job(monkeypatch) -> None:
+    # What the course's scripts pass to ray.init inside a job: Ray refuses to merge fields or variables set twice.
+    from helpers.config import load_config
+
+    job = {"working_dir": "gcs://_ray_pkg_0.zip", "py_modules": ["gcs://_ray_pkg_1.zip"],
+           "env_vars": {"COURSE_STORAGE_PATH": "/shared", "COURSE_SMOKE_TEST": "1"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": job}))
+    ours = runtime_env(load_config({"COURSE_STORAGE_PATH": "/shared"}))
+    assert "py_modules" not in ours and "working_dir" not in ours
+    assert not set(ours["env_vars"]) & set(job["env_vars"]), "variables set twice make ray.init fail"
+    assert "COURSE_DATA_DIR" in ours["env_vars"], "the settings the job does not set still reach the workers"
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    assert set(runtime_env(load_config({}))) == {"py_modules", "env_vars"}
+
+
+def test_stopping_the_cluster_leaves_no_process(cluster: LocalCluster) -> None:
+    processes, temp_dir, address = cluster.processes(), cluster.temp_dir, cluster.address
+    assert temp_dir is not None
+    cluster.stop()
+    assert_stopped(processes, temp_dir, address)
+    drivers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+               if "train_ray_ddp.py" in " ".join(p.info["cmdline"] or [])]
+    assert drivers == [], "a job's driver outlived the cluster"
