@@ -1,6 +1,7 @@
-"""Lesson 05's claims, proven on real runs: after a failure (an exception, or a worker process killed) the run
-resumes at the failed epoch on the restored weights and optimizer state, and ends with exactly the metrics of the
-same run without a failure; a loop that forgets either restore does not; a stopped driver's run continues.
+"""Lesson 05's claims, proven on real runs: after a failure the run resumes at the failed epoch on the restored
+weights and optimizer state, and ends with exactly the metrics of the same run without a failure; a loop that
+forgets the optimizer restore does not; a killed driver's run continues under its name. (A worker process killed
+with SIGKILL is recovered the same way in lesson 05 itself, whose check cell asserts the same metrics under nbval.)
 
 Run as a script, this file is the driver the last test kills:
     python tests/test_fault_tolerance.py <run name> <storage path> <parquet root>
@@ -27,7 +28,7 @@ from ray.util.state import list_actors
 from helpers.cluster import course_scaling_config
 from helpers.config import load_config
 from helpers import fault_tolerance, setup
-from helpers.fault_tolerance import kill_worker_when_checkpointed, train_loop_per_worker
+from helpers.fault_tolerance import train_loop_per_worker
 from helpers.ingest import mnist_datasets, write_mnist_parquet
 from helpers.results import MetricsHistory, latest_checkpoint_metrics, read_history, run_path
 
@@ -104,22 +105,6 @@ def test_an_injected_failure_resumes_on_the_restored_state(cluster, reference):
     with result.checkpoint.as_directory() as checkpoint_dir:
         state = torch.load(Path(checkpoint_dir) / "train_state.pt", map_location="cpu")
     assert state["epoch"] == NUM_EPOCHS - 1 and state["optimizer"]["state"], "optimizer state missing"
-
-
-def test_a_killed_worker_process_is_replaced_and_the_run_resumes(cluster, reference):
-    _, storage, parquet_root = cluster
-    name = "worker-killed"
-    watch = kill_worker_when_checkpointed(run_path(storage, name), epoch=0)  # SIGKILL, in epoch 1
-    try:
-        result = fit(storage, name, parquet_root, max_failures=1)
-    finally:
-        watch.set()
-    history = read_history(result.path)
-    # One group failure, one row per rank: the dead one's health check, and the survivor's broken collective.
-    failures = history[history["event"] == "failure"]
-    assert failures["error"].str.contains("WorkerHealthCheckFailedError").any(), f"no dead worker in:\n{failures}"
-    assert list(history[history["event"] == "report"]["start_epoch"]) == [0, 1], "expected one restart, at epoch 1"
-    assert epoch_metrics(result) == reference, "the run after the killed process differs from the one without"
 
 
 def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(cluster, reference):
