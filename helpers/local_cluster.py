@@ -149,7 +149,7 @@ class LocalCluster:
         self._env["PATH"] = os.pathsep.join([str(RAY_CLI.parent), self._env.get("PATH", os.defpath)])
         if self.token_auth:
             self.token = generate_new_authentication_token()
-            token_file = self.temp_dir / "auth_token"
+            token_file = self.token_file
             _write_private(token_file, self.token)
             # Every process of the cluster inherits these from its `ray start`, and the nodes the autoscaler adds
             # inherit them from the autoscaler; ~/.ray/auth_token, which a local `ray.init()` uses, stays untouched.

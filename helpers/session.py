@@ -50,9 +50,8 @@ def runtime_env(cfg: CourseConfig) -> dict:
     job = job_runtime_env()
     if job is None:
         return ours
-    merged = {field: value for field, value in ours.items() if field not in job or field == "env_vars"}
-    merged["env_vars"] = {name: value for name, value in ours["env_vars"].items()
-                          if name not in job.get("env_vars", {})}
+    merged = {field: value for field, value in ours.items() if field not in job}
+    merged["env_vars"] = {name: value for name, value in ours["env_vars"].items() if name not in job.get("env_vars", {})}
     return merged
 
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import requests
 from ray.job_submission import JobStatus, JobSubmissionClient
-from test_multinode import RAY_VARS, assert_stopped, clean_env
+from test_multinode import assert_stopped, clean_env
 
 from helpers.config import REPO_ROOT
 from helpers.local_cluster import RAY_CLI, LocalCluster
