@@ -1,0 +1,473 @@
+"""Lesson 08: the course's KubeRay files (deploy/kuberay/), checked offline against KubeRay's own schemas.
+
+No Kubernetes cluster is needed: RayCluster and RayJob manifests are validated against the
+`openAPIV3Schema` of KubeRay's CRDs, the PersistentVolumeClaim and Secret against Kubernetes' own
+schemas (the `kubernetes-validate` package), and the Helm values key by key against the chart's default
+values. Then the cross-checks a schema cannot make: the storage every pod mounts is where the training
+writes, the image is the course's Ray and Python, the RayJob runs a script that exists with flags it takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import os
+import re
+import shlex
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+from helpers.config import CLUSTER_STORAGE, REPO_ROOT, load_config, load_dotenv_file
+
+#: The KubeRay release the manifests and Helm values are written for (operator, CRDs and charts).
+KUBERAY_VERSION = "1.7.0"
+#: The Kubernetes API version whose core schemas (PersistentVolumeClaim, Secret) the manifests must satisfy.
+KUBERNETES_VERSION = "1.33.0"
+DEPLOY_DIR = REPO_ROOT / "deploy" / "kuberay"
+#: The files a check needs from the KubeRay release, and where they live in its repository.
+REFERENCE_FILES = {
+    "crds/ray.io_rayclusters.yaml": "ray-operator/config/crd/bases/ray.io_rayclusters.yaml",
+    "crds/ray.io_rayjobs.yaml": "ray-operator/config/crd/bases/ray.io_rayjobs.yaml",
+    "ray-cluster-chart-default-values.yaml": "helm-chart/ray-cluster/values.yaml",
+}
+RELEASE_URL = f"https://raw.githubusercontent.com/ray-project/kuberay/v{KUBERAY_VERSION}/"
+CRD_FILES = {"RayCluster": "crds/ray.io_rayclusters.yaml", "RayJob": "crds/ray.io_rayjobs.yaml"}
+#: Keys the chart's templates read that its values.yaml documents only in comments (`# rayVersion: ...`).
+CHART_COMMENTED_KEYS = {"head": {"rayVersion", "enableInTreeAutoscaling", "autoscalerOptions"}, "worker": {"disabled"}}
+#: Chart values handed to the RayCluster as they are: checked against the CRD's schema, not key by key.
+CHART_PASS_THROUGH = {"containerEnv", "envFrom", "resources", "volumes", "volumeMounts", "podSecurityContext",
+                      "securityContext", "tolerations", "nodeSelector", "affinity", "labels", "annotations",
+                      "rayStartParams", "autoscalerOptions", "headService", "initContainers", "sidecarContainers",
+                      "topologySpreadConstraints", "imagePullSecrets", "resourceClaims", "command", "args"}
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class ManifestError(ValueError):
+    """A manifest breaks its schema or one of the course's cross-checks; the message lists every problem."""
+
+
+class KubeRayReferenceError(FileNotFoundError):
+    """KubeRay's CRDs or chart values are neither on this machine nor downloadable."""
+
+
+# --- KubeRay's reference files -------------------------------------------------------------------------------
+
+def reference_dir() -> Path:
+    """The folder with KubeRay's CRDs and the chart's default values (COURSE_KUBERAY_DIR), downloaded if missing.
+
+    Default: <data dir>/kuberay-v1.7.0. Offline machines point COURSE_KUBERAY_DIR at a copy (CI: ../shared/kuberay).
+    """
+    load_dotenv_file()
+    raw = os.environ.get("COURSE_KUBERAY_DIR", "").strip()
+    folder = Path(raw).expanduser() if raw else load_config().data_dir / f"kuberay-v{KUBERAY_VERSION}"
+    missing = [name for name in REFERENCE_FILES if not (folder / name).is_file()]
+    if missing:
+        download_reference(folder, missing)
+    return folder
+
+
+def download_reference(folder: Path, names: list[str] | None = None) -> None:
+    """Fetch KubeRay v1.7.0's CRDs and chart values from the release on GitHub into `folder`."""
+    for name in names or list(REFERENCE_FILES):
+        url = RELEASE_URL + REFERENCE_FILES[name]
+        target = folder / name
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = response.read()
+        except OSError as error:
+            raise KubeRayReferenceError(
+                f"{target} is missing and {url} cannot be downloaded ({error}). Online, re-run this cell; offline, "
+                f"copy KubeRay v{KUBERAY_VERSION}'s {', '.join(REFERENCE_FILES)} into a folder and set "
+                f"COURSE_KUBERAY_DIR to it (in .env).") from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(body)
+
+
+def _load_yaml(path: Path) -> Any:
+    return yaml.load(path.read_text(), Loader=_YAML_LOADER)
+
+
+@cache
+def _crd_schema(kind: str, folder: Path) -> dict:
+    crd = _load_yaml(folder / CRD_FILES[kind])
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
+    return _strict(version["schema"]["openAPIV3Schema"])
+
+
+def crd_schema(kind: str) -> dict:
+    """The schema a `kind` (RayCluster, RayJob) manifest must satisfy, with unknown fields refused.
+
+    The API server refuses unknown fields too (kubectl's default `--validate=strict`); a plain JSON-schema
+    check would let a misspelled field through, and the operator would never see it.
+    """
+    return _crd_schema(kind, reference_dir())
+
+
+def _strict(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: _strict(value) for key, value in schema.items()}
+    if "properties" in strict and "additionalProperties" not in strict and not strict.get(
+            "x-kubernetes-preserve-unknown-fields"):
+        strict["additionalProperties"] = False
+    return strict
+
+
+def chart_defaults() -> dict:
+    """The default values of the `kuberay/ray-cluster` Helm chart v1.7.0."""
+    return _load_yaml(reference_dir() / "ray-cluster-chart-default-values.yaml")
+
+
+# --- Schemas --------------------------------------------------------------------------------------------------
+
+def load_manifest(name: str) -> dict:
+    """A manifest of deploy/kuberay/ as a dict (one YAML document per file)."""
+    return _load_yaml(DEPLOY_DIR / name)
+
+
+def schema_errors(manifest: dict) -> list[str]:
+    """Every way `manifest` breaks its schema: KubeRay's CRD for ray.io kinds, Kubernetes' own for core kinds."""
+    kind = manifest.get("kind", "?")
+    name = manifest.get("metadata", {}).get("name", "")
+    errors = [] if _DNS_NAME.match(name) and len(name) <= 63 else [
+        f"metadata.name: {name!r} is not a valid name (lower-case letters, digits and '-', at most 63)"]
+    if kind in CRD_FILES:
+        if manifest.get("apiVersion") != "ray.io/v1":
+            errors.append(f"apiVersion: {manifest.get('apiVersion')!r}, expected 'ray.io/v1'")
+        validator = jsonschema.Draft7Validator(crd_schema(kind))
+        errors += [f"{_path(e.absolute_path)}: {e.message}" for e in validator.iter_errors(manifest)]
+        return errors
+    try:
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        errors.append(f"{_path(error.absolute_path)}: {error.message}")
+    except kubernetes_validate.SchemaNotFoundError as error:
+        errors.append(str(error))
+    return errors
+
+
+def _path(parts: Any) -> str:
+    return ".".join(str(p) for p in parts) or "(top level)"
+
+
+def validate(manifest: dict, cross_checks: bool = True) -> str:
+    """Check `manifest` against its schema (and the course's cross-checks); raise ManifestError listing problems."""
+    errors = schema_errors(manifest)
+    if cross_checks and not errors:
+        errors = course_errors(manifest)
+    label = f"{manifest.get('kind')}/{manifest.get('metadata', {}).get('name')}"
+    if errors:
+        raise ManifestError(f"{label}: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
+    return label
+
+
+# --- The Helm chart's values ----------------------------------------------------------------------------------
+
+def chart_key_errors(values: dict, defaults: dict | None = None) -> list[str]:
+    """Keys of `values` the chart does not have: a misspelled key is silently ignored by Helm, so it fails here."""
+    defaults = chart_defaults() if defaults is None else defaults
+    errors = []
+    for path, key in _walk_keys(values, defaults, ()):
+        errors.append(f"{_path((*path, key))}: the ray-cluster chart {KUBERAY_VERSION} has no such value")
+    return errors
+
+
+def _walk_keys(values: dict, defaults: dict, path: tuple) -> Iterator[tuple[tuple, str]]:
+    for key, value in values.items():
+        if path == ("additionalWorkerGroups",):  # any group name: its keys are those of the chart's example group
+            known = defaults.get("smallGroup", {})
+            yield from _walk_keys(value, known, (*path, key))
+            continue
+        commented = key in CHART_COMMENTED_KEYS.get(path[-1] if path else "", set())
+        if key not in defaults and not commented:
+            yield path, key
+        elif isinstance(value, dict) and key not in CHART_PASS_THROUGH and isinstance(defaults.get(key), dict):
+            yield from _walk_keys(value, defaults[key], (*path, key))
+
+
+def render_chart(values: dict, defaults: dict | None = None, release: str = "ray-course-helm") -> dict:
+    """The RayCluster the ray-cluster chart 1.7.0 makes of `values`, for the keys the course sets.
+
+    It follows the chart's templates/raycluster-cluster.yaml (Helm merges maps with the defaults and replaces
+    lists); `helm template ... -f values.yaml` renders the real thing where Helm and the chart are at hand.
+    """
+    v = _merge(chart_defaults() if defaults is None else defaults, values)
+    image = f"{v['image']['repository']}:{v['image']['tag']}"
+    common_env = v["common"].get("containerEnv") or []
+    spec: dict[str, Any] = {}
+    for key in ("rayVersion", "enableInTreeAutoscaling", "autoscalerOptions"):
+        if v["head"].get(key):
+            spec[key] = v["head"][key]
+    spec["headGroupSpec"] = {
+        "serviceType": v["service"]["type"],
+        "rayStartParams": {k: str(x) for k, x in (v["head"].get("rayStartParams") or {}).items()},
+        "template": _chart_pod(v["head"], "ray-head", image, v["image"]["pullPolicy"], common_env)}
+    groups = []
+    named = [(v["worker"]["groupName"], v["worker"])] if not v["worker"].get("disabled") else []
+    named += [(name, group) for name, group in v["additionalWorkerGroups"].items() if not group.get("disabled")]
+    for name, group in named:
+        groups.append({
+            "groupName": name, "replicas": group["replicas"], "minReplicas": group.get("minReplicas") or 0,
+            "maxReplicas": group.get("maxReplicas") or 2147483647, "numOfHosts": group.get("numOfHosts") or 1,
+            "rayStartParams": {k: str(x) for k, x in (group.get("rayStartParams") or {}).items()},
+            "template": _chart_pod(group, "ray-worker", image, v["image"]["pullPolicy"], common_env)})
+    spec["workerGroupSpecs"] = groups
+    name = v.get("fullnameOverride") or f"{release}-{v.get('nameOverride') or 'ray-cluster'}"
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}, "spec": spec}
+
+
+def _chart_pod(group: dict, container_name: str, image: str, pull_policy: str, common_env: list) -> dict:
+    container = {"name": container_name, "image": image, "imagePullPolicy": pull_policy}
+    env = common_env + (group.get("containerEnv") or [])
+    pass_through = {"env": env, "envFrom": group.get("envFrom"), "volumeMounts": group.get("volumeMounts"),
+                    "resources": group.get("resources"), "securityContext": group.get("securityContext")}
+    container.update({k: x for k, x in pass_through.items() if x})
+    pod = {"containers": [container]}
+    for key, field in (("volumes", "volumes"), ("nodeSelector", "nodeSelector"), ("affinity", "affinity"),
+                       ("tolerations", "tolerations"), ("podSecurityContext", "securityContext")):
+        if group.get(key):
+            pod[field] = group[key]
+    return {"spec": pod}
+
+
+def _merge(base: dict, override: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+# --- The course's cross-checks ---------------------------------------------------------------------------------
+
+def course_pins() -> dict[str, str]:
+    """The Ray version (pyproject.toml) and the Python (environment.yml, e.g. 'py311') the course is pinned to."""
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    ray_version = re.search(r'"ray\[[^\]]*\]==([^"]+)"', pyproject).group(1)
+    python = re.search(r"python=(\d+)\.(\d+)", (REPO_ROOT / "environment.yml").read_text())
+    return {"ray": ray_version, "python": f"py{python.group(1)}{python.group(2)}"}
+
+
+def course_image_tag() -> str:
+    """The tag of the course's image: the Ray and Python it is built from, e.g. 2.60.0-py311."""
+    pins = course_pins()
+    return f"{pins['ray']}-{pins['python']}"
+
+
+def dockerfile_errors(text: str | None = None) -> list[str]:
+    """The Dockerfile builds on Ray's image at the course's pins and installs the course's pinned packages."""
+    text = (DEPLOY_DIR / "Dockerfile").read_text() if text is None else text
+    errors = []
+    base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
+    if base != f"rayproject/ray:{course_image_tag()}":
+        errors.append(f"Dockerfile: FROM {base}, expected rayproject/ray:{course_image_tag()} (the course's pins)")
+    if "pip install --no-cache-dir -e ." not in text:
+        errors.append("Dockerfile: does not install the course's pinned packages (pip install -e .)")
+    return errors
+
+
+def image_workdir() -> PurePosixPath:
+    """Where the image keeps the course (the Dockerfile's WORKDIR)."""
+    return PurePosixPath(re.search(r"^WORKDIR\s+(\S+)", (DEPLOY_DIR / "Dockerfile").read_text(), re.M).group(1))
+
+
+def auth_secret(token: str) -> dict:
+    """The Secret the Helm values read the token from: what `kubectl create secret generic` makes of `token`."""
+    env = {e["name"]: e for e in load_manifest("values.yaml")["common"]["containerEnv"]}
+    ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {"name": ref["name"]},
+            "stringData": {ref["key"]: token}}
+
+
+def storage_claim() -> str:
+    """The name of the shared ReadWriteMany claim every pod mounts (storage-pvc.yaml)."""
+    return load_manifest("storage-pvc.yaml")["metadata"]["name"]
+
+
+def course_errors(manifest: dict) -> list[str]:
+    """The course's cross-checks of a RayCluster or RayJob: what a schema cannot see."""
+    if manifest["kind"] == "RayJob":
+        return cluster_errors(manifest["spec"]["rayClusterSpec"], "spec.rayClusterSpec.") + rayjob_errors(manifest)
+    if manifest["kind"] == "RayCluster":
+        return cluster_errors(manifest["spec"], "spec.")
+    if manifest["kind"] == "PersistentVolumeClaim" and "ReadWriteMany" not in manifest["spec"]["accessModes"]:
+        return ["spec.accessModes: every pod writes checkpoints to this volume: it needs ReadWriteMany"]
+    return []
+
+
+def cluster_errors(spec: dict, where: str = "spec.") -> list[str]:
+    """Pins, storage, token auth, resources and autoscaling bounds of a RayCluster spec."""
+    errors = []
+    pins = course_pins()
+    token_by_env = spec.get("authOptions", {}).get("mode") != "token"  # the Helm chart: token from variables
+    if spec.get("rayVersion") != pins["ray"]:
+        errors.append(f"{where}rayVersion: {spec.get('rayVersion')!r}, expected {pins['ray']!r} (the course's pin)")
+    if spec["headGroupSpec"].get("rayStartParams", {}).get("num-cpus") != "0":
+        errors.append(f"{where}headGroupSpec.rayStartParams.num-cpus: set it to '0': no training on the head")
+    if token_by_env and spec.get("enableInTreeAutoscaling"):
+        errors += _token_env_errors(spec.get("autoscalerOptions", {}).get("env", []), f"{where}autoscalerOptions")
+    groups = [("headGroupSpec", spec["headGroupSpec"])]
+    groups += [(f"workerGroupSpecs[{g['groupName']}]", g) for g in spec.get("workerGroupSpecs", [])]
+    for label, group in groups:
+        errors += [f"{where}{label}.{e}" for e in _pod_errors(group["template"]["spec"], token_by_env)]
+        if label != "headGroupSpec" and not group["minReplicas"] <= group.get("replicas", 0) <= group["maxReplicas"]:
+            errors.append(f"{where}{label}: needs minReplicas <= replicas <= maxReplicas")
+    return errors
+
+
+def _pod_errors(pod: dict, token_by_env: bool) -> list[str]:
+    errors = []
+    ray = pod["containers"][0]  # KubeRay's Ray container is the first one
+    repository, _, tag = ray["image"].rpartition(":")
+    if tag != course_image_tag() or not repository.endswith("ray-course"):
+        errors.append(f"image: {ray['image']!r}, expected the course's image ray-course:{course_image_tag()}")
+    limits, requests = ray.get("resources", {}).get("limits", {}), ray.get("resources", {}).get("requests", {})
+    if not {"cpu", "memory"} <= limits.keys() or limits != requests:
+        errors.append("resources: set cpu and memory limits, and requests equal to them (Ray sizes itself by them)")
+    elif _gib(limits["memory"]) < 4:
+        errors.append(f"resources.limits.memory: {limits['memory']} is too little for training (at least 4Gi)")
+    if any(key.endswith("/gpu") for key in limits) and not any(
+            t.get("key", "").endswith("/gpu") for t in pod.get("tolerations", [])):
+        errors.append("tolerations: a GPU group needs a toleration for the GPU nodes' taint (nvidia.com/gpu)")
+    if pod.get("securityContext", {}).get("fsGroup") != 100:
+        errors.append("securityContext.fsGroup: set it to 100 (the image's `users` group) to write the shared volume")
+    errors += _storage_errors(pod, ray)
+    if token_by_env:
+        errors += _token_env_errors(ray.get("env", []), "env")
+    return errors
+
+
+def _storage_errors(pod: dict, ray: dict) -> list[str]:
+    claim = storage_claim()
+    volumes = [v["name"] for v in pod.get("volumes", []) if v.get("persistentVolumeClaim", {}).get("claimName") == claim]
+    mounts = [m["mountPath"] for m in ray.get("volumeMounts", []) if m["name"] in volumes]
+    if Path(mounts[0] if mounts else "/") != CLUSTER_STORAGE:
+        return [f"volumeMounts: mount the claim {claim!r} at {CLUSTER_STORAGE} (found: {mounts or 'none'})"]
+    env = {e["name"]: e.get("value") for e in ray.get("env", [])}
+    return storage_path_errors(env.get("COURSE_STORAGE_PATH"), "env.COURSE_STORAGE_PATH")
+
+
+def storage_path_errors(value: str | None, where: str) -> list[str]:
+    """The storage path the training resolves from `value` lies on the shared volume."""
+    storage = load_config({"COURSE_STORAGE_PATH": value} if value else {}).storage_path
+    if value is None or not Path(storage).is_relative_to(CLUSTER_STORAGE):
+        return [f"{where}: the training would write to {storage}, not to the shared volume at {CLUSTER_STORAGE}"]
+    return []
+
+
+def _token_env_errors(env: list[dict], where: str) -> list[str]:
+    values = {e["name"]: e for e in env}
+    mode = values.get("RAY_AUTH_MODE", {}).get("value")
+    secret = values.get("RAY_AUTH_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef")
+    if mode != "token" or not secret:
+        return [f"{where}: token auth needs RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from a Secret (secretKeyRef)"]
+    return []
+
+
+def _gib(quantity: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)([A-Za-z]*)", str(quantity)).groups()
+    scale = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    return float(number) * scale[unit] / 2**30
+
+
+def rayjob_errors(job: dict) -> list[str]:
+    """The entrypoint runs a course script the image has, with flags it accepts; runtime env and clean-up hold."""
+    from ray.runtime_env import RuntimeEnv
+
+    spec = job["spec"]
+    errors = entrypoint_errors(spec["entrypoint"])
+    runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML") or "{}")
+    try:
+        RuntimeEnv(**runtime_env)  # Ray's own validation of the fields
+    except (TypeError, ValueError) as error:
+        errors.append(f"spec.runtimeEnvYAML: {error}")
+    else:
+        errors += storage_path_errors(runtime_env.get("env_vars", {}).get("COURSE_STORAGE_PATH"),
+                                      "spec.runtimeEnvYAML.env_vars.COURSE_STORAGE_PATH")
+    if not spec.get("shutdownAfterJobFinishes"):
+        errors.append("spec.shutdownAfterJobFinishes: set it to true, or the cluster outlives the job")
+    return errors
+
+
+def entrypoint_errors(entrypoint: str) -> list[str]:
+    """`python <script in the image> <flags>`: the script is one the Dockerfile copies, and its parser takes the flags."""
+    from helpers.scripts import parse_args
+
+    argv = shlex.split(entrypoint)
+    if len(argv) < 2 or argv[0] != "python":
+        return [f"spec.entrypoint: {entrypoint!r} is not `python <script> <flags>`"]
+    script = PurePosixPath(argv[1])
+    local = REPO_ROOT / script.relative_to(image_workdir()) if script.is_relative_to(image_workdir()) else None
+    if local is None or not local.is_file() or local.parent.name != "notebooks" or local.suffix != ".py":
+        return [f"spec.entrypoint: {script} is not one of the course's scripts the image has "
+                f"({image_workdir()}/notebooks/*.py)"]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            parse_args(local.name, argv[2:])
+    except SystemExit:
+        message = stderr.getvalue().strip().splitlines()[-1].partition("error: ")[2]  # without argparse's prog name
+        return [f"spec.entrypoint: {local.name} rejects its flags: {message}"]
+    return []
+
+
+# --- What lesson 08 prints -------------------------------------------------------------------------------------
+
+def print_groups(spec: dict) -> None:
+    """One line per node group of a RayCluster spec: pods (min-max), resources per pod and image."""
+    groups = [("head", spec["headGroupSpec"])] + [(g["groupName"], g) for g in spec.get("workerGroupSpecs", [])]
+    print(f"{'group':<6} {'pods':<8} {'CPU':>4} {'memory':>7} {'GPU':>4}  {'Ray CPUs':<9} image")
+    for name, group in groups:
+        container = group["template"]["spec"]["containers"][0]
+        limits = container["resources"]["limits"]
+        pods = "1" if name == "head" else f"{group['replicas']} ({group['minReplicas']}-{group['maxReplicas']})"
+        ray_cpus = group.get("rayStartParams", {}).get("num-cpus", limits["cpu"])
+        print(f"{name:<6} {pods:<8} {limits['cpu']:>4} {limits['memory']:>7} {limits.get('nvidia.com/gpu', '-'):>4}"
+              f"  {ray_cpus:<9} {container['image']}")
+
+
+def check_deploy_folder() -> None:
+    """Check every file of deploy/kuberay/ and print one line each; raise ManifestError at the first problem."""
+    for problem in dockerfile_errors():
+        raise ManifestError(problem)
+    print(f"{'Dockerfile':<18} FROM rayproject/ray:{course_image_tag()}, the course's pins installed")
+    for name in ("storage-pvc.yaml", "raycluster.yaml", "rayjob.yaml"):
+        print(f"{name:<18} {validate(load_manifest(name))}: schema and cross-checks pass")
+    values = load_manifest("values.yaml")
+    if errors := chart_key_errors(values):
+        raise ManifestError("values.yaml:\n  " + "\n  ".join(errors))
+    print(f"{'values.yaml':<18} every key is the chart's; it renders {validate(render_chart(values))}, which passes")
+
+
+# --- Running the commands that need a cluster -----------------------------------------------------------------
+
+def kubernetes_enabled() -> bool:
+    """Whether lesson 08 runs its cluster commands: COURSE_KUBERNETES=1, against kubectl's current context."""
+    load_dotenv_file()
+    return os.environ.get("COURSE_KUBERNETES", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def on_cluster(command: str, timeout: float = 900) -> None:
+    """Run a shell command that needs a Kubernetes cluster with KubeRay, or print it as skipped when none is set up.
+
+    COURSE_KUBERNETES=1 (in .env) runs the lesson's commands against kubectl's current context.
+    """
+    if not kubernetes_enabled():
+        print(f"[needs a Kubernetes cluster: skipped] $ {command}")
+        return
+    print(f"$ {command}", flush=True)
+    subprocess.run(command, shell=True, check=True, timeout=timeout, cwd=REPO_ROOT)

@@ -1,0 +1,224 @@
+"""Lesson 08's KubeRay files, checked offline: KubeRay v1.7.0's CRD schemas, Kubernetes' core schemas, the Helm
+chart's values, and the course's cross-checks. Every check is shown to catch an injected mistake."""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+
+import pytest
+
+from helpers import kuberay
+from helpers.config import CLUSTER_STORAGE
+
+MANIFESTS = ["storage-pvc.yaml", "raycluster.yaml", "rayjob.yaml"]
+
+
+@pytest.fixture(scope="module")
+def manifests() -> dict[str, dict]:
+    return {name: kuberay.load_manifest(name) for name in [*MANIFESTS, "values.yaml"]}
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_every_manifest_passes_its_schema_and_the_cross_checks(manifests, name):
+    assert kuberay.schema_errors(manifests[name]) == []
+    assert kuberay.course_errors(manifests[name]) == []
+
+
+def test_the_helm_values_are_keys_of_the_chart_and_render_a_valid_ray_cluster(manifests):
+    values = manifests["values.yaml"]
+    assert kuberay.chart_key_errors(values) == []
+    rendered = kuberay.render_chart(values)
+    assert kuberay.validate(rendered) == "RayCluster/ray-course-helm"
+    assert [g["groupName"] for g in rendered["spec"]["workerGroupSpecs"]] == ["cpu", "gpu"]  # the chart's example off
+
+
+def test_the_helm_cluster_matches_the_manifest_cluster(manifests):
+    # Two ways to install one cluster: the same groups, resources, storage and bounds.
+    rendered = kuberay.render_chart(manifests["values.yaml"])["spec"]
+    manifest = manifests["raycluster.yaml"]["spec"]
+
+    def shape(spec):
+        groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+        return [(g.get("groupName"), g.get("minReplicas"), g.get("maxReplicas"),
+                 g["template"]["spec"]["containers"][0]["resources"], g["template"]["spec"]["securityContext"],
+                 g["template"]["spec"].get("tolerations")) for g in groups]
+
+    assert shape(rendered) == shape(manifest)
+    assert rendered["rayVersion"] == manifest["rayVersion"] == kuberay.course_pins()["ray"]
+
+
+def test_the_rayjob_runs_on_the_same_cluster_spec(manifests):
+    assert manifests["rayjob.yaml"]["spec"]["rayClusterSpec"] == manifests["raycluster.yaml"]["spec"]
+
+
+def test_the_chart_keys_the_course_uses_from_comments_are_documented_there():
+    text = (kuberay.reference_dir() / "ray-cluster-chart-default-values.yaml").read_text()
+    for keys in kuberay.CHART_COMMENTED_KEYS.values():
+        for key in keys:
+            assert re.search(rf"^\s*# {key}:", text, re.M), key
+
+
+def test_the_chart_defaults_are_not_the_course_s_ray():
+    # Why the values set the image: the chart's own default is another Ray, without torch.
+    assert kuberay.chart_defaults()["image"]["tag"] != kuberay.course_image_tag()
+
+
+def test_the_dockerfile_builds_the_image_the_manifests_name():
+    assert kuberay.dockerfile_errors() == []
+    assert kuberay.course_image_tag() == "2.60.0-py311"
+    dockerfile = (kuberay.DEPLOY_DIR / "Dockerfile").read_text()
+    ignore = (kuberay.DEPLOY_DIR / "Dockerfile.dockerignore").read_text().split()
+    assert "COPY --chown=ray:users notebooks/*.py notebooks/" in dockerfile and "!notebooks/*.py" in ignore
+    assert ignore[ignore.index("*") + 1:][:2] == ["!pyproject.toml", "!README.md"]  # no .venv, data or .env
+
+
+def test_the_token_secret_the_helm_values_read_is_a_valid_secret():
+    secret = kuberay.auth_secret("0" * 64)
+    assert kuberay.schema_errors(secret) == []
+    assert secret["metadata"]["name"] == "ray-course-auth" and "auth_token" in secret["stringData"]
+
+
+def _mutate(path: str):
+    """A function that sets (or with value DELETE, removes) the field at a dotted path of a manifest."""
+    *parents, last = path.split(".")
+
+    def apply(doc, value):
+        node = doc
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        if value is DELETE:
+            del node[int(last) if last.isdigit() else last]
+        elif last.isdigit():
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return apply
+
+
+DELETE = object()
+HEAD = "spec.headGroupSpec.template.spec"
+CPU = "spec.workerGroupSpecs.0"
+INJECTED = [
+    # schema: a misspelled field, a wrong type, a missing required field, a value outside an enum
+    ("raycluster.yaml", "spec.workerGroupSpec", [], "'workerGroupSpec' was unexpected"),
+    ("raycluster.yaml", f"{CPU}.replicas", "two", "'two' is not of type 'integer'"),
+    ("raycluster.yaml", f"{CPU}.groupName", DELETE, "'groupName' is a required property"),
+    ("raycluster.yaml", "spec.authOptions.mode", "Token", "'Token' is not one of ['disabled', 'token']"),
+    ("raycluster.yaml", f"{HEAD}.containers.0.resources.limit", {"cpu": "2"}, "'limit' was unexpected"),
+    ("rayjob.yaml", "spec.entrypointNumCPUs", 1, "'entrypointNumCPUs' was unexpected"),
+    ("rayjob.yaml", "spec.shutdownAfterJobFinishes", "yes", "'yes' is not of type 'boolean'"),
+    ("rayjob.yaml", "spec.rayClusterSpec.headGroupSpec.template", DELETE, "'template' is a required property"),
+    ("storage-pvc.yaml", "spec.accessModes", "ReadWriteMany", "'ReadWriteMany' is not of type 'array'"),
+    ("storage-pvc.yaml", "spec.acessModes", ["ReadWriteMany"], "'acessModes' was unexpected"),
+    ("storage-pvc.yaml", "metadata.name", "Ray_Course", "not a valid name"),
+    # the course's cross-checks
+    ("storage-pvc.yaml", "spec.accessModes", ["ReadWriteOnce"], "it needs ReadWriteMany"),
+    ("raycluster.yaml", f"{CPU}.template.spec.containers.0.volumeMounts.0.mountPath", "/mnt/data",
+     f"at {CLUSTER_STORAGE} (found: ['/mnt/data'])"),
+    ("raycluster.yaml", f"{HEAD}.volumes.0.persistentVolumeClaim.claimName", "other-claim", "mount the claim"),
+    ("raycluster.yaml", f"{HEAD}.containers.0.env.0.value", "/tmp/runs", "would write to /tmp/runs"),
+    ("raycluster.yaml", "spec.rayVersion", "2.52.0", "expected '2.60.0'"),
+    ("raycluster.yaml", f"{HEAD}.containers.0.image", "rayproject/ray:2.52.0", "expected the course's image"),
+    ("raycluster.yaml", f"{CPU}.template.spec.containers.0.image", "ray-course:2.60.0-py312", "course's image"),
+    ("raycluster.yaml", "spec.headGroupSpec.rayStartParams", {}, "no training on the head"),
+    ("raycluster.yaml", f"{CPU}.template.spec.containers.0.resources.limits.memory", "8Gi", "requests equal to them"),
+    ("raycluster.yaml", f"{CPU}.template.spec.containers.0.resources",
+     {"limits": {"cpu": "4", "memory": "1Gi"}, "requests": {"cpu": "4", "memory": "1Gi"}}, "at least 4Gi"),
+    ("raycluster.yaml", "spec.workerGroupSpecs.1.template.spec.tolerations", DELETE, "needs a toleration"),
+    ("raycluster.yaml", f"{CPU}.template.spec.securityContext", DELETE, "fsGroup"),
+    ("raycluster.yaml", f"{CPU}.minReplicas", 2, "minReplicas <= replicas <= maxReplicas"),
+    ("rayjob.yaml", "spec.entrypoint", "python /home/ray/course/notebooks/train.py --epochs 1", "not one of the"),
+    ("rayjob.yaml", "spec.entrypoint", "python notebooks/train_ray_ddp.py --epochs 1", "not one of the"),
+    ("rayjob.yaml", "spec.entrypoint", "python /home/ray/course/notebooks/train_ray_ddp.py --num-gpus 2",
+     "unrecognized arguments: --num-gpus 2"),
+    ("rayjob.yaml", "spec.entrypoint", "python /home/ray/course/notebooks/train_ray_ddp.py --epochs two",
+     "invalid int value: 'two'"),
+    ("rayjob.yaml", "spec.runtimeEnvYAML", "envvars: {A: '1'}\n", "spec.runtimeEnvYAML"),
+    ("rayjob.yaml", "spec.runtimeEnvYAML", "env_vars: {COURSE_STORAGE_PATH: /home/ray/runs}\n",
+     "would write to /home/ray/runs"),
+    ("rayjob.yaml", "spec.shutdownAfterJobFinishes", False, "the cluster outlives the job"),
+]
+
+
+@pytest.mark.parametrize("name, path, value, expected", INJECTED, ids=[f"{i[0]}:{i[1]}" for i in INJECTED])
+def test_an_injected_mistake_fails(manifests, name, path, value, expected):
+    broken = copy.deepcopy(manifests[name])
+    _mutate(path)(broken, value)
+    with pytest.raises(kuberay.ManifestError, match=re.escape(expected)):
+        kuberay.validate(broken)
+
+
+@pytest.mark.parametrize("path, value, expected", [
+    ("head.resource", {}, "head.resource: the ray-cluster chart 1.7.0 has no such value"),
+    ("worker.podSecurityContex", {}, "worker.podSecurityContex:"),
+    ("additionalWorkerGroups.gpu.maxReplica", 4, "additionalWorkerGroups.gpu.maxReplica:"),
+    ("imagee", {}, "imagee:"),
+])
+def test_a_misspelled_chart_value_fails(manifests, path, value, expected):
+    values = copy.deepcopy(manifests["values.yaml"])
+    _mutate(path)(values, value)
+    assert any(error.startswith(expected) for error in kuberay.chart_key_errors(values))
+
+
+@pytest.mark.parametrize("path, value, expected", [
+    ("worker.replicas", "two", "'two' is not of type 'integer'"),
+    ("additionalWorkerGroups.gpu.tolerations", DELETE, "needs a toleration"),
+    ("image.tag", "2.52.0", "expected the course's image"),
+    ("head.autoscalerOptions.env", DELETE, "autoscalerOptions: token auth needs RAY_AUTH_MODE=token"),
+    ("common.containerEnv.1", {"name": "RAY_AUTH_TOKEN", "value": "in-git"}, "RAY_AUTH_TOKEN from a Secret"),
+    ("head.volumeMounts.1.mountPath", "/data", "mount the claim"),
+])
+def test_a_wrong_chart_value_fails_once_rendered(manifests, path, value, expected):
+    values = copy.deepcopy(manifests["values.yaml"])
+    _mutate(path)(values, value)
+    with pytest.raises(kuberay.ManifestError, match=re.escape(expected)):
+        kuberay.validate(kuberay.render_chart(values))
+
+
+def test_a_dockerfile_on_another_ray_fails():
+    text = (kuberay.DEPLOY_DIR / "Dockerfile").read_text().replace("rayproject/ray:2.60.0-py311", "rayproject/ray:2.52.0")
+    assert kuberay.dockerfile_errors(text) == [
+        "Dockerfile: FROM rayproject/ray:2.52.0, expected rayproject/ray:2.60.0-py311 (the course's pins)"]
+
+
+def test_missing_reference_files_fail_fast_with_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_KUBERAY_DIR", str(tmp_path / "none"))
+    monkeypatch.setattr(kuberay, "RELEASE_URL", "http://127.0.0.1:9/")  # nothing listens: like being offline
+    start = time.monotonic()
+    with pytest.raises(kuberay.KubeRayReferenceError, match="set COURSE_KUBERAY_DIR to it"):
+        kuberay.reference_dir()
+    assert time.monotonic() - start < 15
+
+
+def test_reference_files_are_downloaded_when_missing(tmp_path, monkeypatch):
+    # The online path, from a local HTTP server serving the same release layout.
+    import http.server
+    import shutil
+    import threading
+
+    release = tmp_path / "release"
+    for name, path in kuberay.REFERENCE_FILES.items():
+        (release / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(kuberay.reference_dir() / name, release / path)
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(release))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("COURSE_KUBERAY_DIR", str(tmp_path / "kuberay"))
+        monkeypatch.setattr(kuberay, "RELEASE_URL", f"http://127.0.0.1:{server.server_port}/")
+        folder = kuberay.reference_dir()
+    finally:
+        server.shutdown()
+    assert sorted(p.name for p in (folder / "crds").iterdir()) == ["ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"]
+    assert kuberay.chart_defaults()["image"]["repository"] == "rayproject/ray"
+
+
+def test_cluster_commands_are_skipped_without_a_cluster_and_run_with_one(monkeypatch, capfd):
+    monkeypatch.delenv("COURSE_KUBERNETES", raising=False)
+    kuberay.on_cluster("echo ran")
+    assert capfd.readouterr().out == "[needs a Kubernetes cluster: skipped] $ echo ran\n"
+    monkeypatch.setenv("COURSE_KUBERNETES", "1")
+    kuberay.on_cluster("echo ran")
+    assert capfd.readouterr().out == "$ echo ran\nran\n"
