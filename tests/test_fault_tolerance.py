@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from ray.train import FailureConfig, RunConfig, TrainingFailedError
+from ray.train import FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
 from ray.util.state import list_actors
 
@@ -32,8 +32,8 @@ from helpers.fault_tolerance import train_loop_per_worker
 from helpers.ingest import mnist_datasets, write_mnist_parquet
 from helpers.results import MetricsHistory, latest_checkpoint_metrics, read_history, run_path
 
-#: Small epochs: 10 steps of 64 images per worker, 256 images to validate.
-ROWS = {"train": 1280, "valid": 256}
+#: Small epochs: 5 steps of 64 images per worker, 128 images to validate.
+ROWS = {"train": 640, "valid": 128}
 NUM_EPOCHS = 2
 #: What must come out the same when a failed epoch is repeated on the restored state.
 COMPARED = ["train_loss", "test_loss", "test_acc"]
@@ -115,14 +115,6 @@ def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(cluster, refer
     assert resumed[0] == reference[0], "epoch 0 ran before the failure: it must match"
     assert resumed[1]["train_loss"] != pytest.approx(reference[1]["train_loss"], rel=1e-3), \
         f"without `{line}` the resumed epoch still matches: the comparison cannot see the restore"
-
-
-def test_without_max_failures_the_same_failure_ends_the_run(cluster):
-    _, storage, parquet_root = cluster
-    with pytest.raises(TrainingFailedError, match="InjectedFailure"):
-        fit(storage, "no-retries", parquet_root, fail_at=(1, 2, 1), max_failures=0)
-    history = read_history(run_path(storage, "no-retries"))
-    assert _events(history) == [("report", 0, 0), ("failure", None, None)]
 
 
 def _train_workers_alive() -> int:

@@ -257,9 +257,9 @@ def check_run(script: subprocess.Popen, storage: Path, prefix: str, num_workers:
     assert set(nodes) <= worker_node_ids, "a worker ran on the head, which has no CPU"
 
 
-# Lesson 02's script with 1 worker runs in tests/test_autoscaling.py, on a cluster that has to grow for it.
+# Lesson 02's script with 1 worker runs in tests/test_autoscaling.py, on a cluster that has to grow for it; a
+# 1-worker run sized from the cluster's total CPUs (which fits no node) is test_cluster.py's sizing test.
 @pytest.mark.parametrize(("script", "num_workers"), [
-    ("train_ray_ddp_with_ray_data.py", 1),  # the CPUs of one node: sized from the cluster's 2, it fitted no node
     ("train_ray_ddp.py", 2),
     ("train_ray_ddp_with_ray_data.py", 2),  # every CPU to training: the datasets must be materialized, or it hangs
 ])
