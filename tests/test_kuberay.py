@@ -69,9 +69,10 @@ def test_the_dockerfile_builds_the_image_the_manifests_name():
     assert kuberay.dockerfile_errors() == []
     assert kuberay.course_image_tag() == "2.60.0-py311"
     dockerfile = (kuberay.DEPLOY_DIR / "Dockerfile").read_text()
-    ignore = (kuberay.DEPLOY_DIR / "Dockerfile.dockerignore").read_text().split()
+    ignore = [line for line in (kuberay.DEPLOY_DIR / "Dockerfile.dockerignore").read_text().splitlines()
+              if line and not line.startswith("#")]
     assert "COPY --chown=ray:users notebooks/*.py notebooks/" in dockerfile and "!notebooks/*.py" in ignore
-    assert ignore[ignore.index("*") + 1:][:2] == ["!pyproject.toml", "!README.md"]  # no .venv, data or .env
+    assert ignore == ["*", "!pyproject.toml", "!helpers/", "!notebooks/*.py", "**/__pycache__"]  # no .venv, .env
 
 
 def test_the_token_secret_the_helm_values_read_is_a_valid_secret():
