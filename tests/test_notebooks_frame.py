@@ -41,7 +41,9 @@ def test_frame(path):
     markdown = "\n".join(_source(c) for c in cells if c["cell_type"] == "markdown")
     for section in ("## Exercises", "## What you learned", "**Next:**"):
         assert section in markdown, f"missing {section!r}"
-    assert "ray.shutdown()" in code[-1] or "cluster.stop()" in code[-1], "the last code cell shuts Ray down"
+    # Lesson 08 starts nothing in the kernel: its last cell deletes what its cluster commands created.
+    cleanups = ("ray.shutdown()", "cluster.stop()", "kubectl delete")
+    assert any(cleanup in code[-1] for cleanup in cleanups), "the last code cell cleans up what the notebook started"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
