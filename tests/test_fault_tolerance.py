@@ -10,12 +10,7 @@ Run as a script, this file is the driver the last test kills:
 from __future__ import annotations
 
 import inspect
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -23,14 +18,13 @@ import ray
 import torch
 from ray.train import FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
-from ray.util.state import list_actors
 
 from helpers.cluster import course_scaling_config
 from helpers.config import load_config
 from helpers import fault_tolerance, setup
 from helpers.fault_tolerance import train_loop_per_worker
 from helpers.ingest import mnist_datasets, write_mnist_parquet
-from helpers.results import MetricsHistory, latest_checkpoint_metrics, read_history, run_path
+from helpers.results import MetricsHistory, read_history
 
 #: Small epochs: 5 steps of 64 images per worker, 128 images to validate.
 ROWS = {"train": 640, "valid": 128}
@@ -115,39 +109,3 @@ def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(cluster, refer
     assert resumed[0] == reference[0], "epoch 0 ran before the failure: it must match"
     assert resumed[1]["train_loss"] != pytest.approx(reference[1]["train_loss"], rel=1e-3), \
         f"without `{line}` the resumed epoch still matches: the comparison cannot see the restore"
-
-
-def _train_workers_alive() -> int:
-    return len(list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]))
-
-
-def test_a_killed_driver_s_run_continues_under_the_same_name(cluster, reference):
-    _, storage, parquet_root = cluster
-    name, folder = "driver-stop", run_path(storage, "driver-stop")
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
-    driver = subprocess.Popen([sys.executable, __file__, name, str(storage), str(parquet_root)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (latest_checkpoint_metrics(folder) or {}).get("epoch") == 0:
-            assert driver.poll() is None, f"the driver ended early:\n{driver.stdout.read()[-3000:]}"
-            assert time.monotonic() < deadline, "no epoch-0 checkpoint within 5 minutes"
-            time.sleep(0.2)
-        driver.send_signal(signal.SIGKILL)  # the driver dies mid-run, as a crashed kernel or script would
-        driver.wait(timeout=30)
-    finally:
-        driver.kill()
-    deadline = time.monotonic() + 120
-    while _train_workers_alive():  # Ray ends the dead driver's job, and with it the run's workers
-        assert time.monotonic() < deadline, "the killed driver's training workers are still running"
-        time.sleep(1)
-
-    fit(storage, name, parquet_root)  # the same name and storage path; fit() raises if the run fails
-    assert _events(read_history(folder)) == [("report", 0, 0), ("report", 1, 1)], "epoch 0 lost or repeated"
-    assert epoch_metrics(folder) == reference, "the continued run differs from the one never stopped"
-
-
-if __name__ == "__main__":
-    run_name, storage_path, parquet = sys.argv[1:4]
-    setup()  # joins the test's Ray through RAY_ADDRESS
-    fit(storage_path, run_name, parquet)

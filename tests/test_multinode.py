@@ -257,19 +257,16 @@ def check_run(script: subprocess.Popen, storage: Path, prefix: str, num_workers:
     assert set(nodes) <= worker_node_ids, "a worker ran on the head, which has no CPU"
 
 
-# Lesson 02's script with 1 worker runs in tests/test_autoscaling.py, on a cluster that has to grow for it; a
-# 1-worker run sized from the cluster's total CPUs (which fits no node) is test_cluster.py's sizing test.
-@pytest.mark.parametrize(("script", "num_workers"), [
-    ("train_ray_ddp.py", 2),
-    ("train_ray_ddp_with_ray_data.py", 2),  # every CPU to training: the datasets must be materialized, or it hangs
-])
-def test_the_scripts_train_on_the_worker_nodes(course_env: dict[str, str], worker_node_ids: set[str], script: str,
-                                               num_workers: int) -> None:
-    storage = Path(course_env["COURSE_STORAGE_PATH"])
-    check_run(start_script(script, course_env, "--num-workers", str(num_workers)), storage, script.removesuffix(".py"),
-              num_workers, worker_node_ids)
-    if script == "train_ray_ddp_with_ray_data.py":  # written once, by the first run, on the shared storage
-        assert len(list(storage.glob("datasets/mnist-parquet/*/*.parquet"))) == 16
+# Lesson 02's script runs on clusters in tests/test_autoscaling.py (1 worker, on a node the autoscaler adds) and
+# tests/test_jobs.py (as a job), and fails on a node without the data below; a 1-worker run sized from the
+# cluster's total CPUs (which fits no node) is test_cluster.py's sizing test.
+def test_lesson_03_s_script_trains_on_two_worker_nodes(course_env: dict[str, str], worker_node_ids: set[str]) -> None:
+    # Every CPU to training: the datasets must be materialized, or it hangs.
+    script, storage = "train_ray_ddp_with_ray_data.py", Path(course_env["COURSE_STORAGE_PATH"])
+    check_run(start_script(script, course_env, "--num-workers", "2"), storage, script.removesuffix(".py"), 2,
+              worker_node_ids)
+    # The Parquet copy, written by the run's Ray Data tasks on the worker nodes, lies on the shared storage.
+    assert len(list(storage.glob("datasets/mnist-parquet/*/*.parquet"))) == 16
 
 
 def test_a_node_without_the_data_stops_the_script_with_the_courses_error(course_env: dict[str, str]) -> None:
