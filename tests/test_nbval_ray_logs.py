@@ -122,3 +122,34 @@ def test_nbval_runs_the_check_for_every_cell_and_a_killed_worker_counts():
     assert IPyNbCell.runtest.__name__ == "_runtest_checking_ray_errors"  # compared or not, every run cell
     died = "\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an unexpected system error.\n"
     assert ray_error_lines([_stream("stderr", died)]) == [died.replace("\x1b[33m", "").replace("\x1b[0m", "").rstrip()]
+
+
+def _listing_noise(pid: int, last_line: str = "InterruptedError") -> str:
+    """The traceback Ray 2.60's file listing prints when its completion-signaler thread loses its race."""
+    prefix = f"\x1b[36m(ListFiles pid={pid})\x1b[0m "
+    lines = [
+        "Exception in thread pool-0/completion-signaler:",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner',
+        "    self.run()",
+        '  File "/x/ray/data/_internal/dynamic_work_queue.py", line 180, in _signal_completion',
+        "    pool.work_queue.put(SENTINEL)",
+        '  File "/x/ray/data/_internal/util.py", line 1082, in put',
+        "    raise InterruptedError()",
+        last_line,
+    ]
+    return "".join(prefix + line + "\n" for line in lines)
+
+
+def test_the_listings_interrupted_signaler_thread_passes_in_any_cell():
+    interleaved = _listing_noise(6283).replace("    self.run()\n", "    self.run()\n" + BENIGN, 1)
+    assert ray_error_lines([_stream("stderr", interleaved + BENIGN)]) == []
+
+
+def test_only_that_block_passes_a_real_error_around_it_still_fails():
+    other_exception = _listing_noise(6283, last_line="ValueError: not the known race")
+    lines = ray_error_lines([_stream("stderr", other_exception + TIMEOUT)])
+    assert "(ListFiles pid=6283) ValueError: not the known race" in lines
+    assert any("BroadcastCollectiveTimeoutError" in line for line in lines)
+    worker_after_noise = _listing_noise(1) + WORKER_FAILURE
+    assert any("InjectedFailure" in line for line in ray_error_lines([_stream("stderr", worker_after_noise)]))
