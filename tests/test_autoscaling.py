@@ -59,7 +59,7 @@ print(json.dumps({"use_gpu": cfg.use_gpu, "num_workers": cfg.num_workers, **outc
 
 
 @pytest.fixture(scope="module")
-def autoscaling(tmp_path_factory) -> Iterator[tuple[LocalCluster, str]]:
+def autoscaling(no_ray, tmp_path_factory) -> Iterator[tuple[LocalCluster, str]]:
     """A head with no CPU and an autoscaler that can add two 2-CPU nodes and one 4-CPU, 1-GPU node; a storage path."""
     config = fake_autoscaling_config(NODE_TYPES, max_workers=3)
     with LocalCluster(worker_nodes=0, autoscaling_config=config) as cluster:

@@ -9,7 +9,6 @@ import ray
 from ray.train import ScalingConfig
 
 import helpers.cluster
-from helpers import setup
 from helpers.cluster import (
     Capacity,
     NodeGroup,
@@ -189,20 +188,13 @@ def test_beyond_the_autoscalers_limits_the_preflight_still_fails_at_once():
     assert "its autoscaler's limits included" in str(error.value) and "COURSE_NUM_WORKERS=4" in str(error.value)
 
 
-@pytest.fixture(scope="module")
-def live():
-    assert not ray.is_initialized()
-    yield setup()
-    ray.shutdown()
-
-
-def test_this_machine_is_a_fixed_one_node_cluster(live):
+def test_this_machine_is_a_fixed_one_node_cluster(course_ray):
     capacity = cluster_capacity()
     assert not capacity.can_grow and not capacity.groups, "a local Ray has no autoscaler"
     assert capacity.nodes == [node["Resources"] for node in ray.nodes()]
 
 
-def test_preflight_on_this_machine_fails_fast_for_64_workers(live):
+def test_preflight_on_this_machine_fails_fast_for_64_workers(course_ray):
     started = time.monotonic()
     with pytest.raises(ResourceRequestError, match="64 workers"):
         check_resources(ScalingConfig(num_workers=64))
@@ -210,24 +202,24 @@ def test_preflight_on_this_machine_fails_fast_for_64_workers(live):
     check_resources(ScalingConfig(num_workers=int(ray.cluster_resources()["CPU"])))  # a full machine fits
 
 
-def test_the_course_scaling_config_splits_the_cpus_or_takes_a_gpu_each(live):
+def test_the_course_scaling_config_splits_the_cpus_or_takes_a_gpu_each(course_ray):
     cpus = ray.cluster_resources()["CPU"]
-    one = course_scaling_config(live, num_workers=1, use_gpu=False)
+    one = course_scaling_config(course_ray, num_workers=1, use_gpu=False)
     assert (one.num_workers, one.use_gpu, one.resources_per_worker) == (1, False, {"CPU": cpus})
-    two = course_scaling_config(live, num_workers=2, use_gpu=False)
+    two = course_scaling_config(course_ray, num_workers=2, use_gpu=False)
     assert two.resources_per_worker == {"CPU": max(1.0, cpus // 2)}
-    assert live.num_workers == course_scaling_config(live).num_workers, "setup() printed the same sizing"
-    check_resources(course_scaling_config(live))  # the course's default request fits this machine
+    assert course_ray.num_workers == course_scaling_config(course_ray).num_workers, "setup() printed the same sizing"
+    check_resources(course_scaling_config(course_ray))  # the course's default request fits this machine
 
 
-def test_a_writable_storage_path_passes_and_keeps_no_probe(live, tmp_path):
+def test_a_writable_storage_path_passes_and_keeps_no_probe(course_ray, tmp_path):
     target = tmp_path / "new" / "runs"
     assert check_storage_path(str(target)) == str(target) and target.is_dir()
     assert list(target.iterdir()) == []
 
 
 @pytest.mark.parametrize("bad", ["/dev/null/runs", "/proc/course-runs"])
-def test_an_unwritable_storage_path_fails_at_once_saying_what_to_set(live, bad):
+def test_an_unwritable_storage_path_fails_at_once_saying_what_to_set(course_ray, bad):
     started = time.monotonic()
     with pytest.raises(StoragePathError) as error:
         check_storage_path(bad)
@@ -236,7 +228,7 @@ def test_an_unwritable_storage_path_fails_at_once_saying_what_to_set(live, bad):
     assert "COURSE_STORAGE_PATH" in str(error.value)
 
 
-def test_a_storage_path_other_nodes_do_not_see_fails(live, tmp_path, monkeypatch):
+def test_a_storage_path_other_nodes_do_not_see_fails(course_ray, tmp_path, monkeypatch):
     # On this one machine every task sees the probe; fake a second node that does not.
     monkeypatch.setattr(helpers.cluster, "_nodes_missing", lambda probe: {"ffffffff00000000": "not there"})
     with pytest.raises(StoragePathError, match="not reachable from 1 node\\(s\\) of the cluster \\(ffffffff: not"):

@@ -11,16 +11,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from ray.train import FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
 
 from helpers.cluster import course_scaling_config
 from helpers.config import load_config
-from helpers import fault_tolerance, setup
+from helpers import fault_tolerance
 from helpers.fault_tolerance import train_loop_per_worker
-from helpers.ingest import mnist_datasets, write_mnist_parquet
+from helpers.ingest import mnist_datasets
 from helpers.results import MetricsHistory, read_history
 
 #: Small epochs: 5 steps of 64 images per worker, 128 images to validate.
@@ -30,14 +29,14 @@ NUM_EPOCHS = 2
 COMPARED = ["train_loss", "test_loss", "test_acc"]
 
 
-def fit(storage_path: str | Path, name: str, parquet_root: str | Path, fail_at=None, max_failures: int = 0,
+def fit(storage_path: str | Path, datasets: dict, name: str, fail_at=None, max_failures: int = 0,
         loop=train_loop_per_worker):
     """Lesson 05's trainer: the resumable loop, 2 workers, shuffled epochs, MetricsHistory; `fit()`'s Result."""
     trainer = TorchTrainer(
         loop,
         train_loop_config={"num_epochs": NUM_EPOCHS, "global_batch_size": 128, "lr": 1e-3, "seed": 0,
                            "prefetch_batches": 1, "shuffle_buffer": ROWS["train"] // 2, "fail_at": fail_at},
-        datasets=mnist_datasets(parquet_root, ROWS),
+        datasets=datasets,  # materialized once, for every run, as lesson 05 does
         scaling_config=course_scaling_config(load_config(), num_workers=2, use_gpu=False),
         run_config=RunConfig(storage_path=str(storage_path), name=name, callbacks=[MetricsHistory()],
                              failure_config=FailureConfig(max_failures=max_failures)),
@@ -61,12 +60,9 @@ def without(line: str):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    assert not ray.is_initialized()
-    cfg = setup()
-    storage = tmp_path_factory.mktemp("runs")
-    yield cfg, storage, write_mnist_parquet(cfg.data_dir, str(storage))
-    ray.shutdown()
+def runs(mnist_parquet, tmp_path_factory) -> tuple[Path, dict]:
+    """A storage path for the module's runs, and the datasets they all train on."""
+    return tmp_path_factory.mktemp("runs"), mnist_datasets(mnist_parquet, ROWS)
 
 
 def _events(history) -> list[tuple]:
@@ -75,17 +71,15 @@ def _events(history) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def reference(cluster) -> list[dict]:
+def reference(runs) -> list[dict]:
     """The per-epoch metrics of the run without a failure."""
-    _, storage, parquet_root = cluster
-    metrics = epoch_metrics(fit(storage, "no-failure", parquet_root))
+    metrics = epoch_metrics(fit(*runs, name="no-failure"))
     assert len(metrics) == NUM_EPOCHS
     return metrics
 
 
-def test_an_injected_failure_resumes_on_the_restored_state(cluster, reference):
-    _, storage, parquet_root = cluster
-    result = fit(storage, "worker-failure", parquet_root, fail_at=(1, 2, 1), max_failures=1)
+def test_an_injected_failure_resumes_on_the_restored_state(runs, reference):
+    result = fit(*runs, name="worker-failure", fail_at=(1, 2, 1), max_failures=1)
     history = read_history(result.path)
     # Epoch 0 once; the failure in epoch 1; epoch 1 once, by workers that started at epoch 1. None lost, none repeated.
     assert _events(history) == [("report", 0, 0), ("failure", None, None), ("report", 1, 1)]
@@ -98,10 +92,9 @@ def test_an_injected_failure_resumes_on_the_restored_state(cluster, reference):
     assert state["epoch"] == NUM_EPOCHS - 1 and state["optimizer"]["state"], "optimizer state missing"
 
 
-def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(cluster, reference):
-    _, storage, parquet_root = cluster
+def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(runs, reference):
     line = "optimizer.load_state_dict(optimizer_state)"  # Adam's running averages start again from zero
-    result = fit(storage, "forgets-optimizer", parquet_root, fail_at=(1, 2, 1), max_failures=1, loop=without(line))
+    result = fit(*runs, name="forgets-optimizer", fail_at=(1, 2, 1), max_failures=1, loop=without(line))
     resumed = epoch_metrics(result)
     assert resumed[0] == reference[0], "epoch 0 ran before the failure: it must match"
     assert resumed[1]["train_loss"] != pytest.approx(reference[1]["train_loss"], rel=1e-3), \

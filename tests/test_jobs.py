@@ -35,7 +35,7 @@ TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
+def cluster(no_ray) -> Iterator[LocalCluster]:
     local_cluster = LocalCluster(worker_nodes=1, cpus_per_worker_node=2).start()
     yield local_cluster
     local_cluster.stop()  # idempotent: the last test stops it and checks that nothing is left

@@ -92,7 +92,7 @@ def assert_stopped(processes: list[psutil.Process], temp_dir: Path, address: str
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
+def cluster(no_ray) -> Iterator[LocalCluster]:
     """A head with no CPUs and two worker nodes with 1 CPU each; stopped, and checked gone, after the module."""
     ray_vars = {name: os.environ.get(name) for name in RAY_VARS}
     local_cluster = LocalCluster(worker_nodes=2, cpus_per_worker_node=1).start()

@@ -30,9 +30,8 @@ from s3_server import s3_server  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
-def on_s3(s3_server, tmp_path_factory):
+def on_s3(no_ray, s3_server, tmp_path_factory):
     """setup() with COURSE_STORAGE_PATH=s3://<bucket>/course, run from an empty folder; Ray shut down after."""
-    assert not ray.is_initialized()
     storage_path = f"{s3_server.bucket()}/course"
     workdir = tmp_path_factory.mktemp("cwd")
     with pytest.MonkeyPatch.context() as patch:

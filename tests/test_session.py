@@ -15,8 +15,7 @@ from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get
 
 
 @pytest.fixture(scope="module")
-def ray_setup():
-    assert not ray.is_initialized()
+def ray_setup(no_ray):
     saved = os.environ.pop(PREEMPTION_WATCHER_VAR, None)  # as on a fresh machine
     yield
     ray.shutdown()

@@ -76,7 +76,7 @@ def test_iterator_times_reads_units_and_missing_lines():
 
 
 @pytest.fixture(scope="module")
-def one_cpu_ray():
+def one_cpu_ray(no_ray):
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
