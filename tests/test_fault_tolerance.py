@@ -1,10 +1,7 @@
 """Lesson 05's claims, proven on real runs: after a failure the run resumes at the failed epoch on the restored
 weights and optimizer state, and ends with exactly the metrics of the same run without a failure; a loop that
-forgets the optimizer restore does not; a killed driver's run continues under its name. (A worker process killed
-with SIGKILL is recovered the same way in lesson 05 itself, whose check cell asserts the same metrics under nbval.)
-
-Run as a script, this file is the driver the last test kills:
-    python tests/test_fault_tolerance.py <run name> <storage path> <parquet root>
+forgets the optimizer restore does not. (Lesson 05 itself, under nbval, recovers a worker process killed with
+SIGKILL and asserts the same metrics, and continues an interrupted run under its name.)
 """
 
 from __future__ import annotations
