@@ -113,20 +113,19 @@ def ray_error_lines(outputs: list, expected: re.Pattern | None = None) -> list[s
             if not RAY_LOG_LINE.match(line):
                 continue
             plain = _DECORATION.sub("", line)
-            source = _PREFIX.match(plain)
-            source = source.group(0).strip() if source else ""
-            message = plain[len(source):].strip()
+            prefix = _PREFIX.match(plain)
+            source, message = (prefix.group(0).strip(), plain[prefix.end():]) if prefix else ("", plain)
             if source in in_listing_noise:
-                if message == "InterruptedError":
+                if message == "InterruptedError":  # the block's last line
                     in_listing_noise.discard(source)
                     continue
-                if message == "Traceback (most recent call last):" or plain[len(source) + 1:].startswith(" "):
+                if message == "Traceback (most recent call last):" or message.startswith(" "):
                     continue
                 in_listing_noise.discard(source)
             if RAY_DATA_LISTING_NOISE.match(message):
                 in_listing_noise.add(source)
                 continue
-            if not RAY_ERROR_MESSAGE.search(_PREFIX.sub("", plain, count=1)):
+            if not RAY_ERROR_MESSAGE.search(message):
                 continue
             if expected is None or not expected.search(plain):
                 found.append(plain)

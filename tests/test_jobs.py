@@ -130,9 +130,8 @@ def test_the_cli_sends_the_token_only_with_ray_auth_mode(cluster: LocalCluster) 
 
 def test_a_training_job_succeeds_and_leaves_its_checkpoint_on_storage(
         training_job: str, client: JobSubmissionClient, job_env: dict[str, str]) -> None:
-    submission_id = training_job
-    status = terminal_status(client, submission_id)
-    logs = client.get_job_logs(submission_id)
+    status = terminal_status(client, training_job)
+    logs = client.get_job_logs(training_job)
     assert status == JobStatus.SUCCEEDED, logs[-3000:]
     summary = [line for line in logs.splitlines() if line.startswith(("test_acc=", "checkpoint: ", "workers ran"))]
     assert [line.split("=")[0].split(":")[0] for line in summary] == ["test_acc", "checkpoint", "workers ran on 1 node(s)"]
