@@ -92,13 +92,13 @@ RAY_ERROR_MESSAGE = re.compile(
 #: loses that race it dies with an uncaught InterruptedError, which Python prints as "Exception in thread
 #: pool-N/completion-signaler:" and a traceback. The files were all listed. Only that block passes: the header,
 #: the traceback's indented lines and a last line that is exactly "InterruptedError"; any other line ends it.
-RAY_DATA_LISTING_NOISE = re.compile(r"^Exception in thread pool-\d+/completion-signaler:$")
+_LISTING_NOISE_HEADER = r"Exception in thread pool-\d+/completion-signaler:"
+RAY_DATA_LISTING_NOISE = re.compile(rf"^{_LISTING_NOISE_HEADER}$")
 #: The same block when the listing ran in the kernel's own process (Ray Data lists some datasets in the driver):
 #: Python prints it to the kernel's stderr, unprefixed, so it would show up as output the recording does not have.
 #: It leaves the comparison whole, and only whole: a block that ends in another exception stays.
 KERNEL_LISTING_NOISE = re.compile(
-    r"^Exception in thread pool-\d+/completion-signaler:\nTraceback \(most recent call last\):\n(?:  .*\n)+"
-    r"InterruptedError\n",
+    rf"^{_LISTING_NOISE_HEADER}\nTraceback \(most recent call last\):\n(?:  .*\n)+InterruptedError\n",
     re.MULTILINE,
 )
 
