@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import random
 
 import numpy as np
@@ -37,3 +38,17 @@ def predict(model: nn.Module, images: torch.Tensor, device: torch.device | str =
     """Predicted class of each image in a batch."""
     model.eval()
     return model(images.to(device)).argmax(dim=1).cpu()
+
+
+def device_name(device: torch.device | str) -> str:
+    """What a device is, for results tables: the GPU's name, or the CPU's model and the threads torch uses."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    threads = torch.get_num_threads()
+    return f"CPU: {model} ({threads} thread{'s' if threads > 1 else ''})"

@@ -1,0 +1,165 @@
+"""CIFAR-10 for the capstone (lesson 09): one Parquet source for every step, its preprocessing, and the ViT.
+
+The Parquet layout is that of Ray's public bucket (`s3://ray-example-data/cifar10-parquet/{train,test}`):
+column `image`, a uint8 tensor of shape (32, 32, 3); column `label`, int64. Ray Data reads it with
+`read_parquet`; the DataLoader steps read the same files through `CifarParquet`, a map-style `Dataset`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+from torchvision import datasets
+from torchvision.models import VisionTransformer
+
+from helpers import storage
+from helpers.data import DataNotFoundError, can_reach
+
+#: Ray's public copy of CIFAR-10 as Parquet (50,000 / 10,000 rows), read without credentials.
+CIFAR10_BUCKET = "s3://anonymous@ray-example-data/cifar10-parquet"
+#: Where a `COURSE_DATA_DIR` holds its own copy: the offline subset, or `download_cifar10`'s full dataset.
+LOCAL_FOLDER = "cifar10-parquet"
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+#: Per-channel mean and standard deviation of CIFAR-10's training images (RGB, in [0, 1]).
+MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
+STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
+#: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 4 steps of 128 images, 256 to test.
+SMOKE_ROWS = {"train": 512, "test": 256}
+#: The seed's ViT (full mode), and a small one with the same structure for smoke runs.
+VIT_SIZES = {
+    "full": {"num_layers": 12, "num_heads": 8, "hidden_dim": 384, "mlp_dim": 768},
+    "smoke": {"num_layers": 2, "num_heads": 4, "hidden_dim": 64, "mlp_dim": 128},
+}
+#: Zero padding of the random crop, in pixels on each side.
+CROP_PADDING = 4
+
+
+def cifar10_parquet_root(data_dir: str | Path) -> str:
+    """The folder or bucket holding `train/` and `test/`: `<data_dir>/cifar10-parquet` when there, else Ray's bucket.
+
+    Raises DataNotFoundError within seconds when neither is there, instead of a read that hangs offline.
+    """
+    local = Path(data_dir) / LOCAL_FOLDER
+    if all((local / split).is_dir() for split in ("train", "test")):
+        return str(local)
+    if can_reach("https://s3.us-west-2.amazonaws.com"):
+        return CIFAR10_BUCKET
+    raise DataNotFoundError(
+        f"CIFAR-10 is not in {local} (train/ and test/ folders of Parquet files), and Ray's public bucket "
+        f"({CIFAR10_BUCKET}) is not reachable from here.\n"
+        "Do one of these:\n"
+        "  - go online: the lesson then reads the bucket directly;\n"
+        "  - or, online once, run `python -m helpers.cifar download` to write the full dataset there;\n"
+        f"  - or point COURSE_DATA_DIR (in your environment or .env) at a folder holding {LOCAL_FOLDER}/train "
+        f"and {LOCAL_FOLDER}/test; on a cluster, on a mount every node shares."
+    )
+
+
+def read_split(root: str, split: str, max_rows: int | None = None) -> dict[str, np.ndarray]:
+    """A split's first `max_rows` rows (all by default) as NumPy: uint8 images (N, 32, 32, 3), int64 labels."""
+    filesystem, path = storage.resolve(storage.join(root, split))
+    table = pq.read_table(path, filesystem=filesystem, columns=["image", "label"])
+    table = table if max_rows is None else table.slice(0, max_rows)
+    images = table.column("image").combine_chunks()
+    if isinstance(images.type, pa.ExtensionType):  # Ray Data's tensor type: a list of pixels per row
+        images = images.storage
+    pixels = images.flatten().to_numpy(zero_copy_only=False)
+    return {"image": pixels.reshape(len(table), 32, 32, 3), "label": table.column("label").to_numpy()}
+
+
+def normalize_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """uint8 (N, 32, 32, 3) -> float32 (N, 3, 32, 32), each channel standardised with CIFAR-10's mean and std."""
+    images = (batch["image"].astype(np.float32) / 255.0 - MEAN) / STD
+    batch["image"] = np.ascontiguousarray(images.transpose(0, 3, 1, 2))
+    return batch
+
+
+def augment_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A random crop (from the image padded by 4 pixels of zeros) and a random horizontal flip, per image.
+
+    Vectorised over the batch, for Ray Data's `map_batches` and the DataLoader's `collate_fn` alike. Not seeded:
+    every epoch draws new crops. Zero padding is the mean colour, since the images are standardised.
+    """
+    images = batch["image"]  # float32 (N, 3, 32, 32)
+    n, size = len(images), images.shape[-1]
+    rng = np.random.default_rng()
+    pad = CROP_PADDING
+    padded = np.pad(images, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    rows = rng.integers(0, 2 * pad + 1, n)[:, None] + np.arange(size)  # (N, 32): each image's crop window
+    cols = rng.integers(0, 2 * pad + 1, n)[:, None] + np.arange(size)
+    cropped = padded[np.arange(n)[:, None, None, None], np.arange(images.shape[1])[None, :, None, None],
+                     rows[:, None, :, None], cols[:, None, None, :]]
+    flip = rng.random(n) < 0.5
+    cropped[flip] = cropped[flip][..., ::-1]
+    batch["image"] = cropped
+    return batch
+
+
+class CifarParquet(Dataset):
+    """CIFAR-10 from the Parquet files, for a PyTorch DataLoader: the same source Ray Data reads, normalised once."""
+
+    def __init__(self, root: str, split: str, max_rows: int | None = None):
+        self.split = normalize_batch(read_split(root, split, max_rows))
+
+    def __len__(self) -> int:
+        return len(self.split["label"])
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        return self.split["image"][index], int(self.split["label"][index])
+
+
+def augmented_collate(rows: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DataLoader `collate_fn`: stack the rows, apply `augment_batch`, return (images, labels) tensors."""
+    batch = augment_batch({"image": np.stack([image for image, _ in rows])})
+    return torch.from_numpy(batch["image"]), torch.tensor([label for _, label in rows], dtype=torch.int64)
+
+
+def vit_cifar10(smoke_test: bool = False) -> VisionTransformer:
+    """torchvision's ViT for 32x32 images in 4x4 patches (64 tokens and a class token), 10 classes.
+
+    Full mode is the seed's model: 12 layers, 8 heads, width 384, MLP 768. Smoke mode: 2 layers, width 64.
+    """
+    return VisionTransformer(image_size=32, patch_size=4, num_classes=10,
+                             **VIT_SIZES["smoke" if smoke_test else "full"])
+
+
+def cifar10_to_parquet(images: np.ndarray, labels: np.ndarray, target: str, num_files: int = 1) -> None:
+    """Write uint8 images (N, 32, 32, 3) and their labels as Parquet files in `target`, in the bucket's schema."""
+    from ray.data.extensions import ArrowTensorArray
+
+    storage.makedirs(target)
+    filesystem, path = storage.resolve(target)
+    for index, part in enumerate(np.array_split(np.arange(len(labels)), num_files)):
+        table = pa.table({"image": ArrowTensorArray.from_numpy(images[part]),
+                          "label": np.asarray(labels)[part].astype(np.int64)})
+        pq.write_table(table, f"{path}/part-{index:05d}.parquet", filesystem=filesystem)
+
+
+def download_cifar10(data_dir: str | Path) -> str:
+    """Download the full CIFAR-10 with torchvision (about 170 MB) and write it as Parquet under `data_dir`.
+
+    For online users who want all 50,000 training images on their own disk; returns the Parquet folder.
+    """
+    data_dir = Path(data_dir)
+    if not can_reach(datasets.CIFAR10.url):
+        raise DataNotFoundError(f"{datasets.CIFAR10.url} is not reachable from here: CIFAR-10 cannot be downloaded.")
+    root = data_dir / LOCAL_FOLDER
+    for split, train in (("train", True), ("test", False)):
+        cifar = datasets.CIFAR10(root=str(data_dir), train=train, download=True)
+        cifar10_to_parquet(cifar.data, np.array(cifar.targets), str(root / split), num_files=5 if train else 1)
+    return str(root)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from helpers.config import load_config
+
+    if sys.argv[1:] != ["download"]:
+        sys.exit("usage: python -m helpers.cifar download   (writes CIFAR-10 as Parquet under COURSE_DATA_DIR)")
+    print(download_cifar10(load_config().data_dir))

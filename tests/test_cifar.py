@@ -1,0 +1,182 @@
+"""helpers.cifar (lesson 09): where CIFAR-10 comes from, its preprocessing, the Dataset and the ViT."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import pickle
+import tarfile
+import threading
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torchvision import datasets
+
+from helpers import cifar
+from helpers.cifar import (
+    CROP_PADDING,
+    MEAN,
+    STD,
+    CifarParquet,
+    augment_batch,
+    augmented_collate,
+    cifar10_parquet_root,
+    cifar10_to_parquet,
+    download_cifar10,
+    normalize_batch,
+    read_split,
+    vit_cifar10,
+)
+from helpers.config import load_config
+from helpers.data import DataNotFoundError
+
+DATA_DIR = load_config().data_dir
+
+
+def _crops(image: np.ndarray) -> list[np.ndarray]:
+    """Every crop `augment_batch` can make of one (3, 32, 32) image: 81 positions, flipped or not."""
+    pad = CROP_PADDING
+    padded = np.pad(image, ((0, 0), (pad, pad), (pad, pad)))
+    windows = [padded[:, dy:dy + 32, dx:dx + 32] for dy in range(2 * pad + 1) for dx in range(2 * pad + 1)]
+    return windows + [window[..., ::-1] for window in windows]
+
+
+def test_the_offline_subset_is_found_in_the_data_dir_and_read_with_its_schema():
+    root = cifar10_parquet_root(DATA_DIR)
+    assert root == str(DATA_DIR / "cifar10-parquet")
+    test = read_split(root, "test")
+    assert test["image"].shape == (2000, 32, 32, 3) and test["image"].dtype == np.uint8
+    assert np.bincount(test["label"]).tolist() == [200] * 10
+    first = read_split(root, "train", max_rows=7)
+    assert first["image"].shape == (7, 32, 32, 3) and first["label"].dtype == np.int64
+
+
+def test_no_local_copy_and_no_bucket_is_a_clear_error_within_seconds(tmp_path, monkeypatch):
+    monkeypatch.setattr(cifar, "can_reach", lambda url, timeout=3.0: False)  # offline, whatever this machine is
+    started = time.monotonic()
+    with pytest.raises(DataNotFoundError) as error:
+        cifar10_parquet_root(tmp_path)
+    assert time.monotonic() - started < 5
+    message = str(error.value)
+    assert str(tmp_path / "cifar10-parquet") in message and "COURSE_DATA_DIR" in message
+    assert "python -m helpers.cifar download" in message
+
+
+def test_online_without_a_local_copy_reads_rays_public_bucket(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(cifar, "can_reach", lambda url, timeout=3.0: asked.append(url) or True)
+    (tmp_path / "cifar10-parquet" / "train").mkdir(parents=True)  # half a copy does not count
+    assert cifar10_parquet_root(tmp_path) == "s3://anonymous@ray-example-data/cifar10-parquet"
+    assert asked and "s3" in asked[0]
+
+
+def test_normalize_standardises_each_channel_and_puts_channels_first():
+    pixels = np.zeros((2, 32, 32, 3), dtype=np.uint8)
+    pixels[1] = 255
+    images = normalize_batch({"image": pixels})["image"]
+    assert images.shape == (2, 3, 32, 32) and images.dtype == np.float32 and images.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(images[0, :, 0, 0], -MEAN / STD, rtol=1e-6)
+    np.testing.assert_allclose(images[1, :, 5, 7], (1 - MEAN) / STD, rtol=1e-6)
+
+
+def test_augment_crops_and_flips_each_image_and_draws_anew_every_call():
+    images = normalize_batch(read_split(cifar10_parquet_root(DATA_DIR), "test", max_rows=32))["image"]
+    first = augment_batch({"image": images.copy()})["image"]
+    assert first.shape == images.shape and first.dtype == np.float32
+    for original, augmented in zip(images, first):
+        assert any(np.array_equal(augmented, crop) for crop in _crops(original))
+    second = augment_batch({"image": images.copy()})["image"]
+    assert not np.array_equal(first, second), "two epochs drew the same crops for 32 images"
+    unchanged = sum(np.array_equal(a, o) for a, o in zip(first, images))
+    assert unchanged < 8, "most images came out uncropped and unflipped"
+
+
+def test_the_dataset_and_collate_give_the_loader_augmented_float_batches():
+    dataset = CifarParquet(cifar10_parquet_root(DATA_DIR), "test", max_rows=10)
+    assert len(dataset) == 10
+    image, label = dataset[3]
+    assert image.shape == (3, 32, 32) and isinstance(label, int)
+    images, labels = augmented_collate([dataset[i] for i in range(4)])
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
+    assert labels.tolist() == [dataset[i][1] for i in range(4)] and labels.dtype == torch.int64
+
+
+def test_full_mode_builds_the_seeds_vit_and_smoke_mode_a_small_one():
+    seed_vit, small = vit_cifar10(smoke_test=False), vit_cifar10(smoke_test=True)
+    assert (len(seed_vit.encoder.layers), seed_vit.hidden_dim, seed_vit.patch_size) == (12, 384, 4)
+    assert seed_vit.encoder.layers[0].self_attention.num_heads == 8
+    assert seed_vit.encoder.layers[0].mlp[0].out_features == 768
+    assert len(small.encoder.layers) == 2
+    assert small(torch.zeros(3, 3, 32, 32)).shape == (3, 10)
+
+
+def test_written_parquet_has_the_buckets_schema(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (12, 32, 32, 3), dtype=np.uint8)
+    labels = np.arange(12) % 10
+    cifar10_to_parquet(images, labels, str(tmp_path / "train"), num_files=3)
+    assert len(list((tmp_path / "train").glob("*.parquet"))) == 3
+    shared = pq.read_schema(next((DATA_DIR / "cifar10-parquet" / "train").glob("*.parquet")))
+    written = pq.read_schema(next((tmp_path / "train").glob("*.parquet")))
+    assert written.field("image").type.extension_name == shared.field("image").type.extension_name
+    assert written.field("label").type == shared.field("label").type
+    back = read_split(str(tmp_path), "train")
+    assert np.array_equal(back["image"], images) and back["label"].tolist() == labels.tolist()
+
+
+@pytest.fixture
+def cifar_mirror(tmp_path, monkeypatch):
+    """An HTTP server on 127.0.0.1 serving a small CIFAR-10 archive in torchvision's format (10 + 5 images)."""
+    rng = np.random.default_rng(1)
+
+    def batch(n: int) -> bytes:
+        return pickle.dumps({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": list(range(n))})
+
+    members = {"data_batch_1": batch(10), "test_batch": batch(5),
+               "batches.meta": pickle.dumps({"label_names": list(cifar.CLASSES)})}
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    served = tmp_path / "mirror"
+    served.mkdir()
+    (served / "cifar-10-python.tar.gz").write_bytes(archive.getvalue())
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    md5 = {name: hashlib.md5(data).hexdigest() for name, data in members.items()}
+    monkeypatch.setattr(datasets.CIFAR10, "url", f"http://127.0.0.1:{server.server_address[1]}/cifar-10-python.tar.gz")
+    monkeypatch.setattr(datasets.CIFAR10, "tgz_md5", hashlib.md5(archive.getvalue()).hexdigest())
+    monkeypatch.setattr(datasets.CIFAR10, "train_list", [["data_batch_1", md5["data_batch_1"]]])
+    monkeypatch.setattr(datasets.CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
+    monkeypatch.setattr(datasets.CIFAR10, "meta", {**datasets.CIFAR10.meta, "md5": md5["batches.meta"]})
+    yield members
+    server.shutdown()
+
+
+def test_download_writes_torchvisions_cifar10_as_parquet_the_lesson_then_reads(cifar_mirror, tmp_path):
+    data_dir = tmp_path / "data"
+    root = download_cifar10(data_dir)
+    assert cifar10_parquet_root(data_dir) == root
+    train, test = read_split(root, "train"), read_split(root, "test")
+    assert (len(train["label"]), len(test["label"])) == (10, 5)
+    source = pickle.loads(cifar_mirror["data_batch_1"])["data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    assert np.array_equal(train["image"], source) and train["label"].tolist() == list(range(10))
+
+
+def test_download_offline_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets.CIFAR10, "url", "http://127.0.0.1:9/cifar-10-python.tar.gz")  # nothing listens
+    with pytest.raises(DataNotFoundError, match="cannot be downloaded"):
+        download_cifar10(tmp_path)
