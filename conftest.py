@@ -17,9 +17,10 @@
   "[repeated Nx across cluster]" note removed); a line that does not still fails the cell. Several such
   lines combine as alternatives. A marker also covers the notebook's later cells: Ray forwards a line whenever
   it reaches the kernel, so an error caused on purpose may arrive while the next cells run.
-- One block of known Ray 2.60 noise passes everywhere: the InterruptedError traceback of Ray Data's file-listing
+- Known Ray 2.60 noise passes everywhere: the InterruptedError traceback of Ray Data's file-listing
   "completion-signaler" thread (see RAY_DATA_LISTING_NOISE), printed at random after a listing has finished,
-  forwarded from a Ray task or printed by the kernel itself (KERNEL_LISTING_NOISE, left out of the comparison).
+  forwarded from a Ray task or printed by the kernel itself (KERNEL_LISTING_NOISE, left out of the comparison);
+  and one line: a SplitCoordinator's "SystemExit" when Ray Train shuts it down (DATA_COORDINATOR_EXIT).
 - A guard: the suite must not leave Ray, kernels or JupyterLab running.
 - Fixtures shared by test modules (tests/): starting Ray takes about 8 s on the 2-core CI machine and writing MNIST
   as Parquet about 13 s, so the modules that train in this process (test_cluster, test_fault_tolerance,
@@ -103,6 +104,15 @@ KERNEL_LISTING_NOISE = re.compile(
 )
 
 #: The opt-in marker of a cell that causes errors on purpose.
+#: Known noise in Ray 2.60, allowed in every cell: a SplitCoordinator (the actor that hands a dataset's blocks to
+#: Ray Train's workers) reporting "SystemExit". Ray Train shuts these actors down when a worker group ends, after a
+#: failure too (ray/train/v2/_internal/data_integration/dataset_manager.py, shutdown_data_executors), and Ray
+#: ends an actor by raising SystemExit in it (ray.actor.exit_actor, CoreWorker.drain_and_exit_worker); a
+#: concurrent actor may print it from the thread that was serving a split. Seen in CI in lesson 05's injected
+#: failure. Only that one line passes: any other line of a SplitCoordinator's is checked as usual.
+DATA_COORDINATOR_EXIT = (re.compile(r"^\(SplitCoordinator pid=\w+(, ip=[\w.:-]+)?\)$"),  # the source
+                         re.compile(r"^SystemExit(: \d+)?$"))  # the message
+
 EXPECTED_MARKER = re.compile(r"^\s*#\s*NBVAL_RAY_ERRORS_EXPECTED:\s*(.+?)\s*$", re.MULTILINE)
 
 
@@ -149,6 +159,8 @@ def ray_error_lines(outputs: list, expected: re.Pattern | None = None) -> list[s
                 in_listing_noise.discard(source)
             if RAY_DATA_LISTING_NOISE.match(message):
                 in_listing_noise.add(source)
+                continue
+            if DATA_COORDINATOR_EXIT[0].match(source) and DATA_COORDINATOR_EXIT[1].match(message):
                 continue
             if not RAY_ERROR_MESSAGE.search(message):
                 continue

@@ -166,3 +166,15 @@ def test_the_block_printed_by_the_kernel_itself_leaves_the_comparison_and_nothin
     assert drop_ray_log_lines([_stream("stderr", interleaved)]) == []
     other = _listing_noise(None, last_line="ValueError: not the known race")
     assert drop_ray_log_lines([_stream("stderr", other)]) == [_stream("stderr", other)]
+
+
+def test_a_split_coordinator_shut_down_by_ray_train_passes_and_nothing_else_of_its_does():
+    # Seen in CI in lesson 05's injected failure, while Ray Train tore the failed worker group's datasets down.
+    shut_down = "\x1b[36m(SplitCoordinator pid=1958)\x1b[0m SystemExit: 1\n"
+    assert ray_error_lines([_stream("stderr", shut_down + BENIGN)]) == []
+    assert ray_error_lines([_stream("stderr", "(SplitCoordinator pid=7, ip=10.0.0.2) SystemExit\n")]) == []
+    crashed = "\x1b[36m(SplitCoordinator pid=1958)\x1b[0m ValueError: a real error in the executor\n"
+    assert ray_error_lines([_stream("stderr", crashed)]) == [
+        "(SplitCoordinator pid=1958) ValueError: a real error in the executor"]
+    worker_exit = "\x1b[36m(RayTrainWorker pid=557)\x1b[0m SystemExit: 1\n"
+    assert ray_error_lines([_stream("stderr", worker_exit)]) == ["(RayTrainWorker pid=557) SystemExit: 1"]
