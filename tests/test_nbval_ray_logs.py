@@ -176,5 +176,8 @@ def test_a_split_coordinator_shut_down_by_ray_train_passes_and_nothing_else_of_i
     crashed = "\x1b[36m(SplitCoordinator pid=1958)\x1b[0m ValueError: a real error in the executor\n"
     assert ray_error_lines([_stream("stderr", crashed)]) == [
         "(SplitCoordinator pid=1958) ValueError: a real error in the executor"]
+    traceback = "\x1b[36m(SplitCoordinator pid=1958)\x1b[0m Traceback (most recent call last):\n"
+    assert ray_error_lines([_stream("stderr", traceback)]) == [
+        "(SplitCoordinator pid=1958) Traceback (most recent call last):"]
     worker_exit = "\x1b[36m(RayTrainWorker pid=557)\x1b[0m SystemExit: 1\n"
     assert ray_error_lines([_stream("stderr", worker_exit)]) == ["(RayTrainWorker pid=557) SystemExit: 1"]
