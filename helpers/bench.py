@@ -1,76 +1,361 @@
-"""Benchmarks the course reports, as commands (not tests):
+"""The course's benchmark, as a command (not a test): where the time of a training step goes.
 
-    python -m helpers.bench ddp [--steps 40] [--repeats 3] [--rounds 2]
-    python -m helpers.bench data [--rows 6400] [--epochs 2] [--rounds 2]
+    python -m helpers.bench                      # all three parts, 5 rounds each (about 35 min on 2 CPU cores)
+    python -m helpers.bench device ddp --rounds 7 --json bench.json
+    python -m helpers.bench --quick              # one short round of everything (CI; no verdicts)
 
-`ddp` measures, in one run on this machine: images/s of lesson 01's plain loop, of Ray Train with
-1 worker and with N workers (the machine's CPUs split between them, or one GPU each), and the time
-from `fit()` to the first training step of each run.
+Parts, all in one process that starts (or joins, through RAY_ADDRESS) one Ray for all of them:
+- `device`: one training process on this machine's device (the GPU when there is one). ResNet-18 on batches
+  already on the device, in float32, bf16 autocast, `channels_last`, and both; the same loop fed by a DataLoader
+  (0 and N workers, pinned memory on a GPU) and by Ray Data's `iter_torch_batches` (`prefetch_batches` 1 and 4);
+  lesson 09's ViT in float32 and bf16. And the device's limits: a large matmul's FLOP/s, memory copy GB/s,
+  and each model's training FLOPs per image, so that a figure can be read as a fraction of the limit.
+- `ddp`: lesson 01's plain loop, then Ray Train with 1 and N workers; `fit()`'s start-up split into the phases
+  Ray Train's controller logs with its own clock.
+- `data`: lesson 02's DataLoader-fed run against lesson 03's Ray Data-fed run (materialized and shuffled, the same
+  not shuffled, and streaming), over whole epochs, each epoch's start-up included.
 
-`data` measures, in one run: images/s of lesson 02's DataLoader-fed loop and of lesson 03's Ray Data-fed
-loop (the course default: preprocessed, materialized and shuffled in each worker; the same without the
-shuffle, for its cost; and streaming, with one CPU kept for Ray Data), 2 workers on the same rows, counted
-over whole epochs including each epoch's pipeline start-up; the DataLoader and materialized runs alternate
-`rounds` times (medians reported; a ratio is the median of each round's ratio), streaming runs once.
-
-Small shared machines are noisy (+-20% between two 40-step windows here, and the machine's speed
-drifts over minutes), so each throughput is the median of `repeats` windows, and `ddp` runs its three
-measurements `rounds` times in turn (plain loop, 1 worker, N workers) and reports each ratio as the
-median of the rounds' ratios: a slow spell hits both sides of a ratio. The plain loop runs in this
-process *with Ray up*, as in the lessons, and each Ray Train run trains 1 + `repeats` epochs and drops
-the first (start-up).
+How it stays honest on a small, shared machine (+-20% between two windows here):
+- every part runs its variants in `rounds` rounds, each round in a rotated order, so that no variant always runs
+  first or last, and a slow spell of the machine hits every variant of that round;
+- every figure is a median with its min and max over the rounds;
+- every comparison is a ratio taken *within* each round, and `compare` states a verdict only when all the rounds
+  agree ("faster in every round"); otherwise the difference is inside the spread ("no measurable difference").
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import glob
+import itertools
 import json
+import os
+import platform
+import re
+import shlex
 import statistics
+import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
 
+import psutil
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from helpers.config import load_config, load_dotenv_file
+from helpers.config import REPO_ROOT, load_config, load_dotenv_file
 from helpers.data import load_mnist
 from helpers.models import resnet18_mnist
 from helpers.training import seed_everything
 
+PARTS = ("device", "ddp", "data")
+ROUNDS = 5
 GLOBAL_BATCH_SIZE = 128
+#: Where lesson 10 reads the committed reports: `bench-<part>.json`.
+RESULTS_DIR = REPO_ROOT / "notebooks" / "results"
+#: The sizes of a full run, and of `--quick` (one round; it checks that everything runs, it concludes nothing).
+FULL = {"rounds": ROUNDS, "ddp_steps": 40, "ddp_repeats": 2, "data_rows": 5120, "data_epochs": 2,
+        "data_not_shuffled": True, "device_rows": 6400, "vit_batch_size": 128}
+QUICK = {"rounds": 1, "ddp_steps": 5, "ddp_repeats": 1, "data_rows": 512, "data_epochs": 1,
+         "data_not_shuffled": False, "device_rows": 1024, "vit_batch_size": 16}
+#: Steps per measurement on the device (after 2 warm-up steps): (ResNet-18, ViT).
+DEVICE_STEPS = {"cpu": (20, 2), "cuda": (200, 100)}
+QUICK_DEVICE_STEPS = (2, 1)
 
 
-def plain_loop_images_per_s(data_dir: str, steps: int, warmup: int = 5) -> float:
-    """Lesson 01's loop on this process's device: images/s over `steps` steps after `warmup`."""
+# ---- rounds, spreads and verdicts -------------------------------------------------------------------------------
+
+def spread(values: Iterable[float]) -> dict:
+    """Median, min and max of one figure over the rounds, and the rounds' values."""
+    values = [float(v) for v in values]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+def verdict(ratios: list[float]) -> str:
+    """What the rounds say about `a / b`: a direction only when every round agrees (and there are 3 or more)."""
+    if len(ratios) < 3:
+        return f"no verdict from {len(ratios)} round(s)"
+    if min(ratios) > 1:
+        return "faster in every round"
+    if max(ratios) < 1:
+        return "slower in every round"
+    return "no measurable difference"
+
+
+def compare(runs: dict[str, list[float]], a: str, b: str) -> dict:
+    """`a` against `b`: the ratio of their figures within each round, its spread, and the verdict."""
+    ratios = [x / y for x, y in zip(runs[a], runs[b], strict=True)]
+    return {"a": a, "b": b, "ratio": spread(ratios), "verdict": verdict(ratios)}
+
+
+def rotated(variants: list, round_index: int) -> list:
+    """The variants in the order round `round_index` runs them: each round starts one further along."""
+    shift = round_index % len(variants)
+    return variants[shift:] + variants[:shift]
+
+
+def run_rounds(variants: dict[str, Callable[[], float]], rounds: int, warmup: bool = False) -> dict[str, list[float]]:
+    """Run every variant once per round, in rotated order; each variant's figure per round, in round order.
+
+    `warmup` first runs the first variant once and drops it: the process' one-off costs (allocator, kernel
+    choice, first imports) then do not land on round 1's first variant.
+    """
+    if warmup:
+        next(iter(variants.values()))()
+    runs = {name: [] for name in variants}
+    for round_index in range(rounds):
+        for name in rotated(list(variants), round_index):
+            runs[name].append(variants[name]())
+    return runs
+
+
+def machine(argv: list[str] | None = None) -> dict:
+    """What the figures were measured on, stored with them."""
+    import ray
+
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        names = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        cpu = names[0] if names else cpu
+    return {
+        "cpu": cpu, "logical_cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
+        "date": datetime.date.today().isoformat(),
+        "command": shlex.join(["python", "-m", "helpers.bench", *(sys.argv[1:] if argv is None else argv)]),
+    }
+
+
+# ---- the device part ----------------------------------------------------------------------------------------------
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def loop_images_per_s(model: nn.Module, batches: Iterator, steps: int, warmup: int = 2, *,
+                      device: torch.device, bf16: bool = False, channels_last: bool = False) -> float:
+    """Train `model` on `batches` ((images, labels) pairs) and return images/s over `steps` steps after `warmup`.
+
+    `bf16` runs forward and loss under bf16 autocast; `channels_last` stores images and weights as NHWC.
+    """
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(device, memory_format=memory_format).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    num_images = 0
+    for step in range(warmup + steps):
+        if step == warmup:
+            _sync(device)
+            started, num_images = time.perf_counter(), 0
+        images, labels = next(batches)
+        images = images.to(device, non_blocking=True, memory_format=memory_format)
+        labels = labels.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        num_images += len(labels)
+    _sync(device)
+    return num_images / (time.perf_counter() - started)
+
+
+def training_flops_per_image(model: nn.Module, image_shape: tuple[int, ...]) -> float:
+    """FLOPs of one training step per image: the forward pass counted by torch, times 3 (backward is about 2x)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model.eval()(torch.zeros(2, *image_shape))
+    return 3 * counter.get_total_flops() / 2
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
+    """TFLOP/s of a `size` x `size` matmul in `dtype` on `device`: the most this device does per second."""
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    a @ b  # warm-up: kernels chosen, memory allocated
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    _sync(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e12
+
+
+def copy_gb_per_s(device: torch.device, size_mb: int = 256, repeats: int = 5) -> float:
+    """GB/s of one copy of `size_mb` MB: host memory to the GPU on CUDA, memory to memory on a CPU."""
+    source = torch.empty(size_mb * 2**20, dtype=torch.uint8).fill_(1)
+    if device.type == "cuda":
+        source = source.pin_memory()
+    target = torch.empty_like(source, device=device)
+    target.copy_(source)
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        target.copy_(source, non_blocking=True)
+    _sync(device)
+    return size_mb * 2**20 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def _cycle_on(device: torch.device, images: torch.Tensor, labels: torch.Tensor, batch_size: int) -> Iterator:
+    """Batches already on `device`, round and round: the model's own speed, no input path."""
+    batches = [(x.to(device), y.to(device)) for x, y in zip(images.split(batch_size), labels.split(batch_size))
+               if len(y) == batch_size]
+    return itertools.cycle(batches)
+
+
+def _endless(make: Callable[[], Iterable]) -> Iterator:
+    """Pass after pass over an iterable that `make` builds anew, as epochs do."""
+    while True:
+        yield from make()
+
+
+def bench_device(sizes: dict, steps: tuple[int, int], num_workers: int) -> dict:
+    """The device part: model speed, precision, memory layout, input path, ViT, and the device's limits."""
+    from helpers import cifar, ingest
+    from helpers.data import mnist_transform
+
+    cfg = load_config()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resnet_steps, vit_steps = steps
+    mnist = load_mnist(cfg.data_dir, train=True, transform=mnist_transform())
+    rows = sizes["device_rows"]
+    images = torch.stack([mnist[i][0] for i in range(rows)])
+    labels = torch.tensor([mnist[i][1] for i in range(rows)])
+    in_memory = _cycle_on(device, images, labels, GLOBAL_BATCH_SIZE)
+    pin = device.type == "cuda"
+
+    def loader(workers: int) -> Iterator:
+        data = DataLoader(mnist, batch_size=GLOBAL_BATCH_SIZE, shuffle=True, drop_last=True, num_workers=workers,
+                          pin_memory=pin, persistent_workers=workers > 0)
+        return _endless(lambda: data)
+
+    parquet_root = ingest.write_mnist_parquet(cfg.data_dir, cfg.storage_path)
+    ray_data = ingest.mnist_datasets(parquet_root, {"train": rows, "valid": GLOBAL_BATCH_SIZE})["train"]
+
+    def ray_data_batches(prefetch: int) -> Iterator:
+        def one_pass():
+            for batch in ray_data.iter_torch_batches(batch_size=GLOBAL_BATCH_SIZE, dtypes=ingest.DTYPES,
+                                                     device=device, prefetch_batches=prefetch, drop_last=True):
+                yield batch["image"], batch["label"]
+        return _endless(one_pass)
+
+    vit_batch = sizes["vit_batch_size"]
+    vit_data = _cycle_on(device, torch.randn(vit_batch, 3, 32, 32), torch.randint(0, 10, (vit_batch,)), vit_batch)
+    feeds = {"dataloader_0_workers": loader(0), f"dataloader_{num_workers}_workers": loader(num_workers),
+             "ray_data_prefetch_1": ray_data_batches(1), "ray_data_prefetch_4": ray_data_batches(4)}
+
+    def resnet(batches: Iterator, **options) -> Callable[[], float]:
+        def measure() -> float:
+            seed_everything(0)
+            return loop_images_per_s(resnet18_mnist(), batches, resnet_steps, device=device, **options)
+        return measure
+
+    def vit(**options) -> Callable[[], float]:
+        def measure() -> float:
+            seed_everything(0)
+            return loop_images_per_s(cifar.vit_cifar10(), vit_data, vit_steps, warmup=1, device=device, **options)
+        return measure
+
+    variants = {
+        "resnet_float32": resnet(in_memory), "resnet_bf16": resnet(in_memory, bf16=True),
+        "resnet_channels_last": resnet(in_memory, channels_last=True),
+        "resnet_bf16_channels_last": resnet(in_memory, bf16=True, channels_last=True),
+        **{name: resnet(feed) for name, feed in feeds.items()},
+        "vit_float32": vit(), "vit_bf16": vit(bf16=True),
+    }
+    runs = run_rounds(variants, sizes["rounds"], warmup=True)
+    matmul_size = 8192 if device.type == "cuda" else 2048
+    limits = run_rounds({"matmul_float32_tflops": lambda: matmul_tflops(device, torch.float32, matmul_size),
+                         "matmul_bf16_tflops": lambda: matmul_tflops(device, torch.bfloat16, matmul_size),
+                         "copy_gb_per_s": lambda: copy_gb_per_s(device)}, sizes["rounds"])
+    dl = f"dataloader_{num_workers}_workers"
+    return {
+        "device": str(device), "resnet_steps": resnet_steps, "vit_steps": vit_steps, "batch_size": GLOBAL_BATCH_SIZE,
+        "vit_batch_size": vit_batch, "matmul_size": matmul_size,
+        "images_per_s": {name: spread(values) for name, values in runs.items()},
+        "limits": {name: spread(values) for name, values in limits.items()},
+        "training_flops_per_image": {
+            "resnet18_mnist": training_flops_per_image(resnet18_mnist(), (1, 28, 28)),
+            "vit_cifar10": training_flops_per_image(cifar.vit_cifar10(), (3, 32, 32))},
+        "comparisons": [
+            compare(runs, "resnet_bf16", "resnet_float32"),
+            compare(runs, "resnet_channels_last", "resnet_float32"),
+            compare(runs, "resnet_bf16_channels_last", "resnet_float32"),
+            compare(runs, "dataloader_0_workers", "resnet_float32"),
+            compare(runs, dl, "dataloader_0_workers"),
+            compare(runs, "ray_data_prefetch_1", "resnet_float32"),
+            compare(runs, "ray_data_prefetch_4", "ray_data_prefetch_1"),
+            compare(runs, "vit_bf16", "vit_float32")],
+    }
+
+
+# ---- the ddp part -------------------------------------------------------------------------------------------------
+
+def plain_loop_images_per_s(data_dir: str, steps: int, warmup: int = 2) -> float:
+    """Lesson 01's loop (a shuffling DataLoader, batches moved to the device) in this process: images/s."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seed_everything(0)
     loader = DataLoader(load_mnist(data_dir, train=True), batch_size=GLOBAL_BATCH_SIZE, shuffle=True)
-    model = resnet18_mnist().to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-    model.train()
-    batches = iter(loader)
-    for step in range(warmup + steps):
-        if step == warmup:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-        images, labels = next(batches)
-        images, labels = images.to(device), labels.to(device)
-        optimizer.zero_grad()
-        loss_fn(model(images), labels).backward()
-        optimizer.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return steps * GLOBAL_BATCH_SIZE / (time.perf_counter() - started)
+    return loop_images_per_s(resnet18_mnist(), iter(loader), steps, warmup, device=device)
 
 
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+#: What Ray Train's controller logs, with its own clock, as it starts a worker group (Ray 2.60,
+#: ray/train/v2/_internal/execution/worker_group/worker_group.py): phase -> the message's pattern.
+STARTUP_PHASES = {
+    "placement_group": r"Placement group ready in ([\d.]+)s",
+    "worker_processes": r"\d+ worker actors created in ([\d.]+)s",
+    "train_context": r"Train context initialized on workers in ([\d.]+)s",
+    "process_group_and_callbacks": r"after_worker_group_start callbacks completed in ([\d.]+)s",
+    "train_function_shipped": r"Train function launched on workers in ([\d.]+)s",
+    "worker_group_total": r"Worker group startup completed in ([\d.]+)s total",
+}
+
+
+def controller_records(run_name: str, log_dir: str | None = None) -> list[dict]:
+    """Ray Train's controller log records (JSON lines, DEBUG included) of the run `run_name`, in order.
+
+    The controller writes them on its node, under the session's `logs/train/`: run this on that node (the driver's,
+    where the controller runs by default).
+    """
+    import ray
+
+    if log_dir is None:
+        log_dir = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs", "train")
+    records = []
+    for path in glob.glob(os.path.join(log_dir, "ray-train-sys-controller-*.log")):
+        with open(path) as lines:
+            records += [record for record in map(json.loads, lines) if record.get("run_name") == run_name]
+    return sorted(records, key=lambda record: record["timestamp_ns"])
+
+
+def startup_phases(records: list[dict]) -> dict[str, float]:
+    """Seconds of each phase of the first worker group's start-up, as the controller measured them.
+
+    `controller_setup` is the controller's own time from its first record to asking for the worker group; every
+    figure comes from one process' clock, so none mixes the clocks of two hosts.
+    """
+    phases = {}
+    for record in records:
+        if "controller_setup" not in phases and record["message"].startswith("Attempting to start training worker"):
+            phases["controller_setup"] = (record["timestamp_ns"] - records[0]["timestamp_ns"]) / 1e9
+        for phase, pattern in STARTUP_PHASES.items():
+            if phase not in phases and (match := re.search(pattern, record["message"])):
+                phases[phase] = float(match.group(1))
+    missing = {"controller_setup", *STARTUP_PHASES} - set(phases)
+    if missing:
+        raise RuntimeError(f"Ray Train's controller log has no record of {sorted(missing)}: is this Ray 2.60?")
+    return phases
 
 
 def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, data_dir: str, storage_path: str) -> dict:
-    """One Ray Train fit of lesson 02's loop: 1 + `repeats` epochs of `steps` steps; its timings."""
+    """One Ray Train fit of lesson 02's loop, 1 + `repeats` epochs of `steps` steps: images/s after the first epoch,
+    fit()'s seconds, and its start-up phases."""
     from ray.train import RunConfig
     from ray.train.torch import TorchTrainer
 
@@ -78,26 +363,174 @@ def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, dat
     from helpers.ddp import train_loop_per_worker
     from helpers.runs import new_run_name
 
+    name = new_run_name(f"bench-ddp-{num_workers}w")
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": 1 + repeats, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0,
                            "max_steps_per_epoch": steps, "data_dir": data_dir},
         scaling_config=course_scaling_config(load_config(), num_workers, use_gpu),
-        run_config=RunConfig(storage_path=storage_path, name=new_run_name(f"bench-ddp-{num_workers}w")),
+        run_config=RunConfig(storage_path=storage_path, name=name),
     )
-    fit_started = time.time()
+    started = time.perf_counter()
     result = trainer.fit()  # raises when the run fails
-    fit_s = time.time() - fit_started
+    fit_s = time.perf_counter() - started
     epochs = result.metrics_dataframe
+    return {"images_per_s": statistics.median(float(x) for x in epochs["images_per_s"].iloc[1:]),  # after start-up
+            "fit_s": fit_s, "epochs_s": float(epochs["epoch_s"].sum()),
+            **startup_phases(controller_records(name))}
+
+
+def bench_ddp(sizes: dict, num_workers: int, use_gpu: bool) -> dict:
+    """The ddp part: the plain loop, Ray Train with 1 and `num_workers` workers; fit()'s start-up by phase."""
+    cfg = load_config()
+    data_dir, storage_path = str(cfg.data_dir), str(cfg.storage_path)
+    steps, repeats = sizes["ddp_steps"], sizes["ddp_repeats"]
+    details = {1: [], num_workers: []}
+
+    def ray_train(workers: int) -> Callable[[], float]:
+        def measure() -> float:
+            details[workers].append(ray_train_run(workers, steps, repeats, use_gpu, data_dir, storage_path))
+            return details[workers][-1]["images_per_s"]
+        return measure
+
+    variants = {"plain_loop": lambda: statistics.median(plain_loop_images_per_s(data_dir, steps)
+                                                        for _ in range(repeats)),
+                "ray_train_1_worker": ray_train(1), f"ray_train_{num_workers}_workers": ray_train(num_workers)}
+    runs = run_rounds(variants, sizes["rounds"])
+    many = f"ray_train_{num_workers}_workers"
+    parameters = sum(p.numel() for p in resnet18_mnist().parameters())
     return {
-        "images_per_s": statistics.median(float(x) for x in epochs["images_per_s"].iloc[1:]),  # after start-up
-        "fit_to_first_step_s": float(epochs["epoch_started_at"].iloc[0]) - fit_started,
-        "fit_s": fit_s,
+        "steps_per_epoch": steps, "measured_epochs": repeats, "global_batch_size": GLOBAL_BATCH_SIZE,
+        "num_workers": num_workers, "use_gpu": use_gpu,
+        "images_per_s": {name: spread(values) for name, values in runs.items()},
+        "fit": {f"{workers}_workers": {key: spread(run[key] for run in details[workers]) for key in details[workers][0]}
+                for workers in details},
+        "resnet18_parameters": parameters, "gradient_bytes_per_step": 4 * parameters,
+        "comparisons": [compare(runs, "ray_train_1_worker", "plain_loop"), compare(runs, many, "plain_loop"),
+                        compare(runs, many, "ray_train_1_worker")],
     }
 
 
-def bench_ddp(steps: int, num_workers: int, repeats: int, rounds: int) -> dict:
-    """Plain loop, then Ray Train with 1 and `num_workers` workers, `rounds` times, in one process with Ray up."""
+# ---- the data part ------------------------------------------------------------------------------------------------
+
+def whole_epochs_images_per_s(epochs) -> float:
+    """All images over all epochs' time (a Result's metrics_dataframe): each epoch's start-up included."""
+    return float((epochs["images_per_s"] * epochs["epoch_s"]).sum() / epochs["epoch_s"].sum())
+
+
+def bench_data(sizes: dict, num_workers: int) -> dict:
+    """The data part: lesson 02's DataLoader-fed run against lesson 03's Ray Data-fed runs, on the same rows."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from helpers import ddp, ingest
+    from helpers.cluster import check_data_resources, plan_workers
+    from helpers.runs import new_run_name
+
+    cfg = load_config()
+    rows, epochs = sizes["data_rows"], sizes["data_epochs"]
+    common = {"num_epochs": epochs, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0}
+    parquet_root = ingest.write_mnist_parquet(cfg.data_dir, cfg.storage_path)
+
+    def fit(name: str, loop, loop_config: dict, cpus: float, datasets: dict | None = None) -> Callable[[], float]:
+        def measure() -> float:
+            scaling = ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": cpus})
+            if datasets:
+                check_data_resources(scaling, datasets)
+            result = TorchTrainer(loop, train_loop_config={**common, **loop_config}, datasets=datasets,
+                                  scaling_config=scaling,
+                                  run_config=RunConfig(storage_path=cfg.storage_path, name=new_run_name(name))).fit()
+            return whole_epochs_images_per_s(result.metrics_dataframe)
+        return measure
+
+    whole_cpus = plan_workers(cfg, num_workers, use_gpu=False).resources_per_worker["CPU"]
+    data_cpus = plan_workers(cfg, num_workers, use_gpu=False, reserve_for_data=1).resources_per_worker["CPU"]
+    ray_data = {"prefetch_batches": 1, "shuffle_buffer": ingest.SHUFFLE_BUFFER_ROWS}  # lesson 03's defaults
+    started = time.perf_counter()
+    in_memory = ingest.mnist_datasets(parquet_root, {"train": rows})
+    materialize_s = time.perf_counter() - started
+    streaming = ingest.mnist_datasets(parquet_root, {"train": rows}, materialize=False)
+    variants = {
+        "dataloader": fit("bench-data-dataloader", ddp.train_loop_per_worker,
+                          {"max_steps_per_epoch": rows // GLOBAL_BATCH_SIZE, "data_dir": str(cfg.data_dir)}, whole_cpus),
+        "ray_data_materialized": fit("bench-data-materialized", ingest.train_loop_per_worker, ray_data, whole_cpus,
+                                     in_memory),
+        "ray_data_streaming": fit("bench-data-streaming", ingest.train_loop_per_worker, ray_data, data_cpus, streaming),
+    }
+    if sizes["data_not_shuffled"]:  # what the shuffle costs
+        variants["ray_data_not_shuffled"] = fit("bench-data-not-shuffled", ingest.train_loop_per_worker,
+                                                {**ray_data, "shuffle_buffer": None}, whole_cpus, in_memory)
+    runs = run_rounds(variants, sizes["rounds"])
+    comparisons = [compare(runs, "ray_data_materialized", "dataloader"),
+                   compare(runs, "ray_data_streaming", "dataloader")]
+    if "ray_data_not_shuffled" in runs:
+        comparisons.append(compare(runs, "ray_data_materialized", "ray_data_not_shuffled"))
+    return {"rows_per_epoch": rows, "epochs": epochs, "num_workers": num_workers, "global_batch_size": GLOBAL_BATCH_SIZE,
+            "cpus_per_worker": {"whole": whole_cpus, "streaming": data_cpus}, "materialize_s": materialize_s,
+            "images_per_s": {name: spread(values) for name, values in runs.items()}, "comparisons": comparisons}
+
+
+# ---- the command --------------------------------------------------------------------------------------------------
+
+def format_report(report: dict) -> str:
+    """The report as the tables the command prints: median (min-max) per figure, then each comparison."""
+    lines = [f"machine: {report['machine']['cpu']} ({report['machine']['logical_cpus']} logical CPUs), "
+             f"GPU: {report['machine']['gpu'] or 'none'}; {report['rounds']} round(s)"]
+    for part in PARTS:
+        if part not in report:
+            continue
+        lines.append(f"\n== {part} ==")
+        figures = dict(report[part]["images_per_s"])
+        figures.update({name: value for name, value in report[part].get("limits", {}).items()})
+        for name, value in figures.items():
+            unit = "" if name in report[part].get("limits", {}) else " images/s"
+            lines.append(f"{name:<32}{value['median']:>10.1f}{unit}  ({value['min']:.1f}-{value['max']:.1f})")
+        for comparison in report[part]["comparisons"]:
+            ratio = comparison["ratio"]
+            lines.append(f"{comparison['a'] + ' / ' + comparison['b']:<58}{ratio['median']:.3f}x "
+                         f"({ratio['min']:.3f}-{ratio['max']:.3f}): {comparison['verdict']}")
+    return "\n".join(lines)
+
+
+def recorded_report(name: str = "bench") -> dict:
+    """A committed report, `notebooks/results/<name>.json`, as lesson 10 reads it."""
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing. Record it with: python -m helpers.bench --json {path}")
+    return json.loads(path.read_text())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: parts (default all of them) and the flags, in any order."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("parts", nargs="*", default=[], metavar="PART",
+                        help=f"any of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--rounds", type=int, default=None, help=f"rounds per part (default {ROUNDS}; --quick: 1)")
+    parser.add_argument("--num-workers", type=int, default=2, help="the N of N workers (default 2)")
+    parser.add_argument("--quick", action="store_true", help="one short round of everything: checks, no verdicts")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report to this file")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, checked: an unknown part or a count below 1 stops with a usage error."""
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    if unknown := sorted(set(args.parts) - set(PARTS)):
+        parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+    if (args.rounds is not None and args.rounds < 1) or args.num_workers < 1:
+        parser.error("--rounds and --num-workers must be at least 1")
+    args.parts = [part for part in PARTS if part in args.parts] or list(PARTS)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    parts = args.parts
+    sizes = dict(QUICK if args.quick else FULL)
+    if args.rounds is not None:
+        sizes["rounds"] = args.rounds
+
     import ray
 
     from helpers.cluster import start_autoscaling_coordinator
@@ -105,119 +538,25 @@ def bench_ddp(steps: int, num_workers: int, repeats: int, rounds: int) -> dict:
 
     load_dotenv_file()
     cfg = load_config()
-    data_dir = str(cfg.data_dir)
-    report = {"steps_per_window": steps, "repeats": repeats, "rounds": rounds, "global_batch_size": GLOBAL_BATCH_SIZE}
-    report["ray_init_s"] = start_ray(cfg)
-    start_autoscaling_coordinator()  # as lesson 02 does
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0  # the plain loop uses a GPU when this machine has one
-    runs = {"plain": [], **{workers: [] for workers in (1, num_workers)}}
+    report = {"machine": machine(argv), "rounds": sizes["rounds"], "sizes": sizes, "ray_init_s": start_ray(cfg)}
     try:
-        for _ in range(rounds):
-            runs["plain"].append(statistics.median(plain_loop_images_per_s(data_dir, steps) for _ in range(repeats)))
-            for workers in (1, num_workers):
-                runs[workers].append(ray_train_run(workers, steps, repeats, use_gpu, data_dir, str(cfg.storage_path)))
+        start_autoscaling_coordinator()  # as the lessons do
+        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        if "device" in parts:
+            steps = QUICK_DEVICE_STEPS if args.quick else DEVICE_STEPS["cuda" if torch.cuda.is_available() else "cpu"]
+            report["device"] = bench_device(sizes, steps, args.num_workers)
+        if "ddp" in parts:
+            report["ddp"] = bench_ddp(sizes, args.num_workers, use_gpu)
+        if "data" in parts:
+            report["data"] = bench_data(sizes, args.num_workers)
     finally:
         ray.shutdown()
-    report["plain_loop_images_per_s"] = _spread(runs["plain"])
-    for workers in (1, num_workers):
-        report[f"ray_train_{workers}w"] = {
-            key: _spread([run[key] for run in runs[workers]])
-            for key in ("images_per_s", "fit_to_first_step_s", "fit_s")}
-        ratios = [run["images_per_s"] / plain for run, plain in zip(runs[workers], runs["plain"])]
-        report[f"ratio_{workers}w_to_plain"] = {"median": round(statistics.median(ratios), 3),
-                                               "rounds": [round(ratio, 3) for ratio in ratios]}
+    print(format_report(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nreport written to {args.json}")
     return report
-
-
-def _whole_epochs_images_per_s(result) -> float:
-    """All images over all epochs' time: each epoch's start-up (iterator, pipeline) included."""
-    epochs = result.metrics_dataframe
-    return float((epochs["images_per_s"] * epochs["epoch_s"]).sum() / epochs["epoch_s"].sum())
-
-
-def bench_data(rows: int, epochs: int, num_workers: int, rounds: int) -> dict:
-    """Lesson 02's DataLoader-fed loop vs lesson 03's Ray Data-fed loop, in one process with Ray up."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    from helpers import ddp, ingest
-    from helpers.cluster import check_data_resources, plan_workers, start_autoscaling_coordinator
-    from helpers.runs import new_run_name
-    from helpers.session import start_ray
-
-    load_dotenv_file()
-    cfg = load_config()
-    report = {"rows_per_epoch": rows, "epochs": epochs, "num_workers": num_workers,
-              "global_batch_size": GLOBAL_BATCH_SIZE, "ray_init_s": start_ray(cfg)}
-    start_autoscaling_coordinator()
-    parquet_root = ingest.write_mnist_parquet(cfg.data_dir, cfg.storage_path)
-    common = {"num_epochs": epochs, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0}
-
-    def fit(name: str, loop, loop_config: dict, cpus: float, datasets: dict | None = None) -> float:
-        scaling = ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": cpus})
-        if datasets:
-            check_data_resources(scaling, datasets)
-        result = TorchTrainer(loop, train_loop_config={**common, **loop_config}, datasets=datasets,
-                              scaling_config=scaling,
-                              run_config=RunConfig(storage_path=cfg.storage_path, name=new_run_name(name))).fit()
-        return _whole_epochs_images_per_s(result)
-
-    whole_cpus = plan_workers(cfg, num_workers, use_gpu=False).resources_per_worker["CPU"]
-    ray_data = {"prefetch_batches": 1, "shuffle_buffer": ingest.SHUFFLE_BUFFER_ROWS}  # lesson 03's defaults
-    unshuffled = {**ray_data, "shuffle_buffer": None}  # what the shuffle costs
-    dataloader, materialized, not_shuffled = [], [], []
-    try:
-        started = time.perf_counter()
-        in_memory = ingest.mnist_datasets(parquet_root, {"train": rows})
-        report["materialize_s"] = time.perf_counter() - started
-        for _ in range(rounds):  # alternate, so that a slow spell of the machine hits both
-            dataloader.append(fit("bench-data-dataloader", ddp.train_loop_per_worker,
-                                  {"max_steps_per_epoch": rows // GLOBAL_BATCH_SIZE, "data_dir": str(cfg.data_dir)},
-                                  whole_cpus))
-            materialized.append(fit("bench-data-materialized", ingest.train_loop_per_worker, ray_data, whole_cpus,
-                                    in_memory))
-            not_shuffled.append(fit("bench-data-not-shuffled", ingest.train_loop_per_worker, unshuffled, whole_cpus,
-                                    in_memory))
-        del in_memory
-        streaming = ingest.mnist_datasets(parquet_root, {"train": rows}, materialize=False)
-        report["ray_data_streaming_images_per_s"] = fit(
-            "bench-data-streaming", ingest.train_loop_per_worker, ray_data,
-            plan_workers(cfg, num_workers, use_gpu=False, reserve_for_data=1).resources_per_worker["CPU"], streaming)
-    finally:
-        ray.shutdown()
-    report["dataloader_images_per_s"] = _spread(dataloader)
-    report["ray_data_materialized_images_per_s"] = _spread(materialized)
-    report["ray_data_materialized_not_shuffled_images_per_s"] = _spread(not_shuffled)
-    report["ratio_shuffled_to_not_shuffled"] = round(statistics.median(
-        [shuffled / plain for shuffled, plain in zip(materialized, not_shuffled)]), 3)
-    ratios = [ray_data / loader for ray_data, loader in zip(materialized, dataloader)]  # each round's pair
-    report["ratio_materialized_to_dataloader"] = {"median": round(statistics.median(ratios), 3),
-                                                  "rounds": [round(ratio, 3) for ratio in ratios]}
-    report["ratio_streaming_to_dataloader"] = round(
-        report["ray_data_streaming_images_per_s"] / report["dataloader_images_per_s"]["median"], 3)
-    return report
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m helpers.bench", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    ddp = commands.add_parser("ddp", help="plain loop vs Ray Train (1 and N workers), fit() to first step")
-    ddp.add_argument("--steps", type=int, default=40, help="measured steps per epoch (default 40)")
-    ddp.add_argument("--num-workers", type=int, default=2, help="the N of the N-worker run (default 2)")
-    ddp.add_argument("--repeats", type=int, default=3, help="measured windows per figure (default 3)")
-    ddp.add_argument("--rounds", type=int, default=2, help="plain / 1 worker / N workers, in turn (default 2)")
-    data = commands.add_parser("data", help="DataLoader-fed vs Ray Data-fed training, whole epochs")
-    data.add_argument("--rows", type=int, default=6400, help="training rows per epoch (default 6400)")
-    data.add_argument("--epochs", type=int, default=2, help="epochs per run (default 2)")
-    data.add_argument("--num-workers", type=int, default=2, help="Ray Train workers (default 2)")
-    data.add_argument("--rounds", type=int, default=2, help="DataLoader / Ray Data runs, alternated (default 2)")
-    args = parser.parse_args(argv)
-    if args.command == "ddp":
-        report = bench_ddp(args.steps, args.num_workers, args.repeats, args.rounds)
-    else:
-        report = bench_data(args.rows, args.epochs, args.num_workers, args.rounds)
-    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

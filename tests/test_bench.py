@@ -1,0 +1,149 @@
+"""helpers.bench: the statistics it concludes from, its timed loop, its FLOP counts, its start-up phases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import bench
+
+
+def test_spread_is_median_min_max_with_the_rounds():
+    assert bench.spread([3, 1, 2]) == {"median": 2.0, "min": 1.0, "max": 3.0, "rounds": [3.0, 1.0, 2.0]}
+
+
+@pytest.mark.parametrize(("ratios", "expected"), [
+    ([1.1, 1.2, 1.05, 1.3, 1.01], "faster in every round"),
+    ([0.9, 0.8, 0.95], "slower in every round"),
+    ([0.86, 1.13, 0.99, 1.02, 0.97], "no measurable difference"),  # a median below 1, inside the spread
+    ([1.5, 1.6], "no verdict from 2 round(s)"),
+    ([2.0], "no verdict from 1 round(s)"),
+])
+def test_a_verdict_needs_every_round_to_agree(ratios, expected):
+    assert bench.verdict(ratios) == expected
+
+
+def test_compare_takes_the_ratio_within_each_round():
+    # b is faster on average, but a beats b in every round: only within-round ratios see that
+    runs = {"a": [100, 200, 300], "b": [90, 190, 290]}
+    comparison = bench.compare(runs, "a", "b")
+    assert comparison["verdict"] == "faster in every round"
+    assert comparison["ratio"]["rounds"] == pytest.approx([100 / 90, 200 / 190, 300 / 290])
+    with pytest.raises(ValueError):
+        bench.compare({"a": [1, 2], "b": [1]}, "a", "b")
+
+
+def test_rounds_rotate_so_no_variant_always_runs_first():
+    order = []
+    variants = {name: (lambda name=name: order.append(name) or len(order)) for name in "xyz"}
+    runs = bench.run_rounds(variants, rounds=3)
+    assert order == list("xyz" "yzx" "zxy")
+    assert runs == {"x": [1, 6, 8], "y": [2, 4, 9], "z": [3, 5, 7]}
+    order.clear()
+    assert bench.run_rounds(variants, rounds=1, warmup=True) == {"x": [2], "y": [3], "z": [4]}
+    assert order == list("xxyz"), "the warm-up run of the first variant is dropped"
+
+
+def _tiny_model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+
+
+@pytest.mark.parametrize(("bf16", "channels_last"), [(False, False), (True, False), (False, True), (True, True)])
+def test_the_timed_loop_trains_in_the_asked_precision_and_layout(bf16, channels_last):
+    torch.manual_seed(0)
+    model = _tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    seen = []
+    model[0].register_forward_hook(lambda module, inputs, output: seen.append((output.dtype, inputs[0])))
+    batches = iter([(torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,))) for _ in range(5)])
+    images_per_s = bench.loop_images_per_s(model, batches, steps=3, warmup=2, device=torch.device("cpu"),
+                                           bf16=bf16, channels_last=channels_last)
+    assert images_per_s > 0
+    assert len(seen) == 5, "warm-up and timed steps each run one forward pass"
+    assert all(dtype == (torch.bfloat16 if bf16 else torch.float32) for dtype, _ in seen)
+    assert all(x.is_contiguous(memory_format=torch.channels_last) == channels_last for _, x in seen)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), "the optimizer stepped"
+
+
+def test_training_flops_are_three_forward_passes_per_image():
+    linear = nn.Linear(100, 10)
+    assert bench.training_flops_per_image(linear, (100,)) == 3 * 2 * 100 * 10
+    conv = nn.Conv2d(3, 8, kernel_size=3)  # output 8 x 6 x 6, each output 3*3*3 multiply-adds
+    assert bench.training_flops_per_image(conv, (3, 8, 8)) == 3 * 2 * (8 * 6 * 6) * (3 * 3 * 3)
+
+
+def test_the_device_limits_are_measured():
+    cpu = torch.device("cpu")
+    assert 0 < bench.matmul_tflops(cpu, torch.float32, size=256, repeats=2) < 100
+    assert 0 < bench.copy_gb_per_s(cpu, size_mb=8, repeats=2) < 10_000
+
+
+def _record(run_name: str, seconds: float, message: str) -> dict:
+    return {"run_name": run_name, "timestamp_ns": int(seconds * 1e9), "message": message}
+
+
+CONTROLLER_LOG = [  # the messages Ray 2.60's controller writes as it starts a worker group
+    (0.0, "No checkpoint manager snapshot found."),
+    (2.5, "Attempting to start training worker group of size 2 with the following resources: [{'CPU': 1}] * 2"),
+    (2.6, "[Worker Group Initialization] Placement group ready in 0.01s."),
+    (8.0, "[Worker Group Initialization] 2 worker actors created in 5.53s."),
+    (12.6, "[Worker Group Initialization] Train context initialized on workers in 4.60s."),
+    (12.7, "[Worker Group Initialization] after_worker_group_start callbacks completed in 0.13s.\n  breakdown"),
+    (12.8, "[Worker Group Initialization] Train function launched on workers in 0.02s."),
+    (12.9, "[Worker Group Initialization] Worker group startup completed in 10.36s total."),
+]
+
+
+def test_startup_phases_read_the_controllers_own_clock(tmp_path):
+    lines = [_record("mine", t, m) for t, m in CONTROLLER_LOG] + [_record("other", 1.0, CONTROLLER_LOG[2][1])]
+    (tmp_path / "ray-train-sys-controller-abc.log").write_text("\n".join(map(json.dumps, lines[::-1])) + "\n")
+    (tmp_path / "ray-train-app-controller-abc.log").write_text("not read\n")
+    records = bench.controller_records("mine", str(tmp_path))
+    assert [r["message"] for r in records] == [m for _, m in CONTROLLER_LOG]
+    assert bench.startup_phases(records) == {
+        "controller_setup": 2.5, "placement_group": 0.01, "worker_processes": 5.53, "train_context": 4.60,
+        "process_group_and_callbacks": 0.13, "train_function_shipped": 0.02, "worker_group_total": 10.36}
+    with pytest.raises(RuntimeError, match="train_context"):
+        bench.startup_phases(records[:4])
+
+
+def test_ray_trains_controller_still_logs_every_phase(course_ray, tmp_path):
+    """Against the pinned Ray: a real fit's controller log has every phase `startup_phases` reads."""
+    import ray.train
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    TorchTrainer(lambda: ray.train.report({"done": 1}), scaling_config=ScalingConfig(num_workers=1),
+                 run_config=RunConfig(storage_path=str(tmp_path), name="phases")).fit()
+    phases = bench.startup_phases(bench.controller_records("phases"))
+    parts = sum(seconds for phase, seconds in phases.items() if phase not in ("worker_group_total", "controller_setup"))
+    assert 0 < parts <= phases["worker_group_total"] + 0.05
+
+
+def test_the_command_line_takes_parts_and_flags_in_any_order():
+    args = bench.parse_args(["--json", "out.json", "data", "device", "--rounds", "3"])
+    assert (args.parts, args.rounds, str(args.json)) == (["device", "data"], 3, "out.json")
+    assert bench.parse_args(["--quick"]).parts == list(bench.PARTS)
+    for bad in (["gpu"], ["--rounds", "0"], ["--num-workers", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+
+
+def test_the_printed_table_gives_median_spread_and_verdict():
+    runs = {"a": [110.0, 120.0, 130.0], "b": [100.0, 100.0, 100.0]}
+    report = {"machine": {"cpu": "a CPU", "logical_cpus": 2, "gpu": None}, "rounds": 3,
+              "ddp": {"images_per_s": {k: bench.spread(v) for k, v in runs.items()},
+                      "comparisons": [bench.compare(runs, "a", "b")]}}
+    table = bench.format_report(report)
+    assert "a CPU (2 logical CPUs), GPU: none; 3 round(s)" in table
+    assert "120.0 images/s  (110.0-130.0)" in table
+    assert "1.200x (1.100-1.300): faster in every round" in table
+
+
+def test_a_missing_recorded_report_says_how_to_make_it():
+    with pytest.raises(FileNotFoundError, match="python -m helpers.bench --json"):
+        bench.recorded_report("no-such-report")
