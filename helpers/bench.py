@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import torch
 from torch import nn
@@ -403,8 +404,9 @@ def bench_ddp(sizes: dict, num_workers: int, use_gpu: bool) -> dict:
         "steps_per_epoch": steps, "measured_epochs": repeats, "global_batch_size": GLOBAL_BATCH_SIZE,
         "num_workers": num_workers, "use_gpu": use_gpu,
         "images_per_s": {name: spread(values) for name, values in runs.items()},
-        "fit": {f"{workers}_workers": {key: spread(run[key] for run in details[workers]) for key in details[workers][0]}
-                for workers in details},
+        # fit()'s seconds, the epochs' training loops, and the start-up phases, per Ray Train variant
+        "fit": {name: {key: spread(run[key] for run in details[workers]) for key in details[workers][0]
+                       if key != "images_per_s"} for name, workers in (("ray_train_1_worker", 1), (many, num_workers))},
         "resnet18_parameters": parameters, "gradient_bytes_per_step": 4 * parameters,
         "comparisons": [compare(runs, "ray_train_1_worker", "plain_loop"), compare(runs, many, "plain_loop"),
                         compare(runs, many, "ray_train_1_worker")],
@@ -492,6 +494,19 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def figures_table(figures: dict[str, dict], digits: int = 1) -> pd.DataFrame:
+    """One row per figure: its median, min and max over the rounds."""
+    return pd.DataFrame({name: {key: round(value[key], digits) for key in ("median", "min", "max")}
+                         for name, value in figures.items()}).T
+
+
+def comparisons_table(comparisons: list[dict]) -> pd.DataFrame:
+    """One row per comparison `a / b`: the within-round ratio's median, min and max, and the verdict."""
+    return pd.DataFrame([{"a / b": f"{c['a']} / {c['b']}", **{key: round(c["ratio"][key], 3)
+                                                             for key in ("median", "min", "max")},
+                          "verdict": c["verdict"]} for c in comparisons]).set_index("a / b")
+
+
 def recorded_report(name: str = "bench") -> dict:
     """A committed report, `notebooks/results/<name>.json`, as lesson 10 reads it."""
     path = RESULTS_DIR / f"{name}.json"
@@ -506,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("parts", nargs="*", default=[], metavar="PART",
                         help=f"any of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds per part (default {ROUNDS}; --quick: 1)")
-    parser.add_argument("--num-workers", type=int, default=2, help="the N of N workers (default 2)")
+    parser.add_argument("--num-workers", type=int, default=2, help="the N of N workers, compared with 1 (default 2)")
     parser.add_argument("--quick", action="store_true", help="one short round of everything: checks, no verdicts")
     parser.add_argument("--json", type=Path, default=None, help="also write the report to this file")
     return parser
@@ -518,8 +533,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_intermixed_args(argv)
     if unknown := sorted(set(args.parts) - set(PARTS)):
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
-    if (args.rounds is not None and args.rounds < 1) or args.num_workers < 1:
-        parser.error("--rounds and --num-workers must be at least 1")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.num_workers < 2:
+        parser.error("--num-workers is the N compared with 1 worker: at least 2")
     args.parts = [part for part in PARTS if part in args.parts] or list(PARTS)
     return args
 
