@@ -57,6 +57,22 @@ def training_curves(metrics: pd.DataFrame, x: str = "epoch") -> Figure:
     return fig
 
 
+def spread_bars(figures: dict[str, dict], ylabel: str) -> Figure:
+    """One bar per figure at its median, with a whisker from its min to its max (a benchmark report's spreads)."""
+    names = list(figures)
+    medians = np.array([figures[name]["median"] for name in names])
+    whiskers = np.array([[figures[name]["median"] - figures[name]["min"] for name in names],
+                         [figures[name]["max"] - figures[name]["median"] for name in names]])
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names)), 3.8))
+    ax.bar(range(len(names)), medians, yerr=whiskers, capsize=4, color="tab:blue", alpha=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
 def confusion_matrix(labels: Sequence[int], predictions: Sequence[int], num_classes: int = 10) -> Figure:
     """A confusion matrix: rows are the true classes, columns the predicted ones, each cell a count."""
     pairs = torch.as_tensor(labels, dtype=torch.int64) * num_classes + torch.as_tensor(predictions, dtype=torch.int64)
@@ -73,6 +89,27 @@ def confusion_matrix(labels: Sequence[int], predictions: Sequence[int], num_clas
     ax.set_ylabel("true")
     accuracy = counts.diag().sum().item() / max(1, counts.sum().item())
     ax.set_title(f"Confusion matrix ({counts.sum().item()} images, accuracy {accuracy:.2%})")
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def streaming_scaling(reports: list[dict]) -> Figure:
+    """Training time (left) and peak memory per kind of process (right) against the data size, from
+    `train_streaming.py`'s JSON reports: time should grow with the size, memory should stay flat."""
+    reports = sorted(reports, key=lambda report: report["size_gb_requested"])
+    sizes = [report["size_gb_requested"] for report in reports]
+    fig, (ax_time, ax_memory) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax_time.plot(sizes, [report["fit_s"] for report in reports], marker="o", label="training (fit)")
+    ax_time.set_ylabel("time (s)")
+    for kind in reports[0]["peak_mib"]:
+        ax_memory.plot(sizes, [report["peak_mib"][kind] for report in reports], marker="o", label=kind)
+    ax_memory.set_ylabel("peak memory (MiB)")
+    for ax in (ax_time, ax_memory):
+        ax.set_xlabel("data size (GB)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     plt.close(fig)
     return fig

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.inference import MNISTPredictor, load_model
 from helpers.models import resnet18_mnist
-from helpers.plots import confusion_matrix, predictions_grid, training_curves
+from helpers.plots import confusion_matrix, predictions_grid, spread_bars, training_curves
 from helpers.training import evaluate, predict, seed_everything
 
 
@@ -70,6 +70,15 @@ def test_training_curves_plots_losses_and_accuracies():
     loss_ax, acc_ax = fig.axes
     assert [line.get_label() for line in loss_ax.lines] == ["train_loss", "test_loss"]
     assert [line.get_label() for line in acc_ax.lines] == ["test_acc"]
+
+
+def test_spread_bars_draw_medians_with_min_max_whiskers():
+    figures = {"a": {"median": 10.0, "min": 8.0, "max": 13.0}, "b": {"median": 5.0, "min": 5.0, "max": 6.0}}
+    ax = spread_bars(figures, "images/s").axes[0]
+    assert [bar.get_height() for bar in ax.patches] == [10.0, 5.0]
+    segments = ax.collections[0].get_segments()  # the whiskers, one per bar
+    assert [(seg[0][1], seg[1][1]) for seg in segments] == [(8.0, 13.0), (5.0, 6.0)]
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["a", "b"]
 
 
 def test_confusion_matrix_counts_every_pair():
