@@ -1,6 +1,6 @@
 """The course's benchmark, as a command (not a test): where the time of a training step goes.
 
-    python -m helpers.bench                      # all three parts, 5 rounds each (about 35 min on 2 CPU cores)
+    python -m helpers.bench                      # all three parts, 5 rounds each (50 min on 2 CPU cores)
     python -m helpers.bench device ddp --rounds 7 --json bench.json
     python -m helpers.bench --quick              # one short round of everything (CI; no verdicts)
 

@@ -41,8 +41,9 @@ def test_frame(path):
     markdown = "\n".join(_source(c) for c in cells if c["cell_type"] == "markdown")
     for section in ("## Exercises", "## What you learned", "**Next:**"):
         assert section in markdown, f"missing {section!r}"
-    # Lesson 08 starts nothing in the kernel: its last cell deletes what its cluster commands created.
-    cleanups = ("ray.shutdown()", "cluster.stop()", "kubectl delete")
+    # Lesson 08 starts nothing in the kernel: its last cell deletes what its cluster commands created. Lesson 10's
+    # kernel starts no Ray either: its last cell deletes the synthetic datasets its streaming runs wrote.
+    cleanups = ("ray.shutdown()", "cluster.stop()", "kubectl delete", "remove_synthetic_images(")
     assert any(cleanup in code[-1] for cleanup in cleanups), "the last code cell cleans up what the notebook started"
 
 
