@@ -13,7 +13,6 @@ Ray keeps an unsatisfiable request pending (a node might join later), so `TorchT
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -27,6 +26,7 @@ from ray.train import ScalingConfig
 
 from helpers import storage
 from helpers.config import ConfigError, CourseConfig
+from helpers.tooling import ray_internals
 
 #: Ray's prefix for accelerator-type resources, e.g. "accelerator_type:T4".
 ACCELERATOR_PREFIX = "accelerator_type:"
@@ -110,14 +110,9 @@ def _node_groups_from_cluster_config() -> tuple[list[NodeGroup], bool]:
     A group grows when its `max_count` is above its `min_count`, or -1 (no limit): Ray Data's own rule
     (ray/data/_internal/cluster_autoscaler/util.py). No config reported: no groups.
     """
-    import ray._private.state
-
-    config = ray._private.state.state.get_cluster_config()
-    if config is None:
-        return [], False
-    groups = [group for group in config.node_group_configs if group.max_count != 0 and group.resources]
-    can_grow = any(group.max_count == -1 or group.max_count > group.min_count for group in groups)
-    return [NodeGroup(resources=dict(group.resources), max_count=group.max_count) for group in groups], can_grow
+    groups = [group for group in ray_internals.reported_node_groups() if group["max_count"] != 0 and group["resources"]]
+    can_grow = any(group["max_count"] == -1 or group["max_count"] > group["min_count"] for group in groups)
+    return [NodeGroup(resources=group["resources"], max_count=group["max_count"]) for group in groups], can_grow
 
 
 def _autoscaler_running() -> bool:
@@ -126,11 +121,7 @@ def _autoscaler_running() -> bool:
     It writes its status to Ray's key-value store every few seconds; in read-only mode (a laptop, nodes
     started by hand with `ray start`) every node's type is named `node_<node id>`.
     """
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    status = _internal_kv_get("__autoscaling_status")  # ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS
-    report = json.loads(status).get("autoscaler_report") if status else None
-    mapping = (report or {}).get("node_type_mapping") or {}
+    mapping = (ray_internals.autoscaler_report() or {}).get("node_type_mapping") or {}
     return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
 
 
@@ -355,11 +346,7 @@ def start_autoscaling_coordinator() -> None:
     which takes longer than 5 s on a small machine: the request times out, logs a warning with a
     traceback, and the run loses those seconds. Starting the actor ahead of time avoids both.
     """
-    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        get_or_create_autoscaling_coordinator,
-    )
-
-    get_or_create_autoscaling_coordinator()
+    ray_internals.autoscaling_coordinator()
 
 
 #: Where to keep runs so every node of a cluster sees them (the README's advice).

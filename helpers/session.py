@@ -14,6 +14,7 @@ from pathlib import Path
 
 import helpers
 from helpers.config import CourseConfig, load_config, load_dotenv_file
+from helpers.tooling import ray_internals
 
 #: The dashboard (and the Jobs API behind it) listens on loopback only.
 DASHBOARD_HOST = "127.0.0.1"
@@ -30,10 +31,8 @@ RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is depreca
 
 def job_runtime_env() -> dict | None:
     """The runtime environment of the Ray job this process is the entrypoint of (`ray job submit`), else None."""
-    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
-
-    raw = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
-    return (json.loads(raw).get("runtime_env") or {}) if raw else None
+    job_config = ray_internals.submitted_job_config()
+    return (job_config.get("runtime_env") or {}) if job_config is not None else None
 
 
 def runtime_env(cfg: CourseConfig) -> dict:
@@ -75,22 +74,18 @@ def send_token_if_given() -> bool:
     RAY_AUTH_TOKEN alone, a cluster with token auth refuses the connection. An explicit RAY_AUTH_MODE wins.
     Returns whether this process now sends the token.
     """
-    from ray._private.authentication.authentication_token_setup import _enable_token_auth
-
     mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
     if mode:
         return mode == "token"
     if token_source() is None:
         return False
-    _enable_token_auth()  # what Ray itself does for a local cluster: RAY_AUTH_MODE=token, config reloaded
+    ray_internals.enable_token_auth()  # what Ray itself does for a local cluster: RAY_AUTH_MODE=token, config reloaded
     return True
 
 
 def _token_required() -> bool:
     """True when the Ray node running this code enforces token authentication (read inside a Ray worker)."""
-    from ray._private.authentication.authentication_utils import is_token_auth_enabled
-
-    return is_token_auth_enabled()
+    return ray_internals.token_auth_enabled()
 
 
 def token_auth_state(joined: bool) -> str:
@@ -100,12 +95,11 @@ def token_auth_state(joined: bool) -> str:
     this kernel sending a token does not mean the cluster requires one.
     """
     import ray
-    from ray._private.authentication.authentication_utils import is_token_auth_enabled
 
     if joined:
         required = ray.get(ray.remote(num_cpus=0)(_token_required).remote(), timeout=120)
     else:
-        required = is_token_auth_enabled()
+        required = ray_internals.token_auth_enabled()
     if not required:
         return "OFF: anyone who reaches the cluster's ports can run code on it (see the README, Security defaults)"
     return f"on: Ray requires its token (this kernel's from {token_source()})"
@@ -135,7 +129,7 @@ def start_ray(cfg: CourseConfig) -> float:
 
     logging.getLogger("ray").setLevel(logging.WARNING)
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "Progress bars disabled" notice
+    logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)  # "Progress bars disabled"
     ray.data.DataContext.get_current().enable_progress_bars = False
     return time.perf_counter() - started
 
@@ -216,11 +210,9 @@ def dashboard_get(path: str, token: bool = True) -> tuple[int, object]:
 
     With `token=True` the request carries Ray's token, as the dashboard's login page does once you paste it.
     """
-    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
-
     if _dashboard_url is None:
         raise RuntimeError("No Ray dashboard is known in this kernel: run setup() first (it starts one on 127.0.0.1).")
-    headers = get_auth_headers_if_auth_enabled({}) if token else {}
+    headers = ray_internals.auth_headers() if token else {}
     request = urllib.request.Request(f"http://{_dashboard_url}{path}", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

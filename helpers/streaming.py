@@ -7,27 +7,25 @@ Kept here once for `notebooks/train_streaming.py` (seed 004's `pytorch_training_
 - `streaming_dataset` reads and normalises it lazily: nothing is materialized, Ray Data streams blocks to the
   workers while they train;
 - `train_loop_per_worker` is the loop the lesson teaches (the `# [n]` marks say what changed from lesson 03's);
-- `MemoryPeaks` samples every node's processes while the run goes, to show that memory stays flat as data grows.
+- `WorkerReports` and `check_every_row_once` check that every epoch saw every row exactly once.
+
+The script's flags are `helpers.tooling.scripts.parse_streaming_args`; `helpers.tooling.memory.MemoryPeaks` samples
+every node's processes while the run goes, to show that memory stays flat as data grows.
 
 Sizes in GB are GiB here (2**30 bytes), so that "1 GB of data" and "1024 MiB of memory" compare directly.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import re
 import shutil
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import psutil
 import ray
 import ray.data
 import ray.train
@@ -35,7 +33,6 @@ from ray.train import UserCallback
 
 from helpers import storage
 from helpers.cluster import StoragePathError
-from helpers.config import load_config, load_dotenv_file
 from helpers.results import run_path
 
 if TYPE_CHECKING:
@@ -47,9 +44,6 @@ if TYPE_CHECKING:
 #: Bytes in one GB of data (a GiB).
 GB = 2**30
 MIB = 2**20
-#: The flag's default size, and the smoke test's (COURSE_SMOKE_TEST=1) when --data-size-gb is not given.
-DEFAULT_SIZE_GB = 1.0
-SMOKE_SIZE_GB = 0.01
 #: One image: 3 x 64 x 64 uint8 pixels, 12 KiB. 1 GB is 87,384 images.
 IMAGE_SHAPE = (3, 64, 64)
 ROW_BYTES = math.prod(IMAGE_SHAPE)
@@ -63,44 +57,6 @@ DATASETS = "datasets"
 FOLDER_PREFIX = "synthetic-images-"
 #: Written last into a dataset's folder: the dataset is complete (rows, bytes, shape). Ray Data reads only `.parquet`.
 COMPLETE_MARKER = "_COMPLETE.json"
-
-
-# --- The flags -------------------------------------------------------------------------------------------------
-
-def parse_streaming_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """`--data-size-gb --num-epochs --num-workers --smoke-test --storage-path --json`, defaulting to the configuration.
-
-    `--data-size-gb` is None when not given: `requested_size_gb` picks 1 GB, or 0.01 GB in smoke mode.
-    """
-    load_dotenv_file()
-    cfg = load_config()
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--data-size-gb", type=float, default=None,
-                        help=f"GB (GiB) of images to write and stream (default {DEFAULT_SIZE_GB:g}, "
-                             f"{SMOKE_SIZE_GB:g} with --smoke-test)")
-    parser.add_argument("--num-epochs", type=int, default=2, help="passes over the whole dataset")
-    parser.add_argument("--num-workers", type=int, default=cfg.num_workers,
-                        help="Ray Train workers (default: COURSE_NUM_WORKERS, else one per GPU, else 2)")
-    parser.add_argument("--smoke-test", action="store_true", default=cfg.smoke_test,
-                        help=f"a tiny dataset ({SMOKE_SIZE_GB:g} GB) unless --data-size-gb is given (CI)")
-    parser.add_argument("--storage-path", default=cfg.storage_path,
-                        help="where the dataset and the run go: a shared folder or a URI such as s3://bucket/prefix")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the report to this JSON file")
-    args = parser.parse_args(argv)
-    if args.data_size_gb is not None and not args.data_size_gb > 0:  # `not >` also refuses nan
-        parser.error(f"--data-size-gb must be more than 0, got {args.data_size_gb:g}")
-    if args.num_epochs < 1:
-        parser.error(f"--num-epochs must be at least 1, got {args.num_epochs}")
-    if args.num_workers is not None and args.num_workers < 1:
-        parser.error(f"--num-workers must be at least 1, got {args.num_workers}")
-    return args
-
-
-def requested_size_gb(args: argparse.Namespace) -> float:
-    """The dataset's size in GB: `--data-size-gb` when given, else 0.01 in smoke mode and 1 otherwise."""
-    if args.data_size_gb is not None:
-        return float(args.data_size_gb)
-    return SMOKE_SIZE_GB if args.smoke_test else DEFAULT_SIZE_GB
 
 
 # --- The synthetic dataset -------------------------------------------------------------------------------------
@@ -239,7 +195,7 @@ def streaming_data_config() -> ray.train.DataConfig:
 
 
 def small_cnn() -> nn.Module:
-    """A deliberately small model (about 6k parameters): pool 64x64 down to 16x16 first, so the data is the bottleneck."""
+    """A deliberately small model (about 6k parameters): it pools 64x64 to 16x16 first, so data is the bottleneck."""
     from torch import nn
 
     return nn.Sequential(
@@ -323,158 +279,3 @@ def check_every_row_once(reports: list[list[dict[str, Any]]], num_rows: int, num
                 f"Epoch {epoch} did not see every row exactly once: the workers saw {rows} rows (ids adding up to "
                 f"{id_sum}), the dataset has {num_rows} (ids adding up to {expected_sum}). Rows were lost or "
                 "repeated between the dataset and the workers.")
-
-
-# --- Memory, by kind of process, on every node -----------------------------------------------------------------
-
-#: Kinds of process the samplers tell apart, by process title (Ray sets each worker's title to what it runs).
-DRIVER, TRAIN_WORKER, DATA = "driver", "train_worker", "data"
-#: A Ray Train worker: "ray::RayTrainWorker.run_train_fn" (ray::<actor class>.<method>, or just the class when idle).
-_TRAIN_TITLE = re.compile(r"^ray::RayTrainWorker\b")
-#: Ray Data's tasks and actors: fused operators ("ray::ReadParquet->MapBatches(normalize_images)"), single ones
-#: ("ray::MapBatches(make_images)", "ray::Write"), the actor that splits a dataset between Ray Train's workers
-#: ("ray::SplitCoordinator") and its statistics actor ("ray::_StatsActor").
-_DATA_TITLE = re.compile(
-    r"^ray::(SplitCoordinator|_StatsActor|MapWorker|Read\w*|Write\w*|ListFiles\w*|"
-    r"(MapBatches|MapRows|Map|FlatMap|Filter|Project|Limit|Repartition|Split\w*)\b)|^ray::\w+(\(.*\))?->")
-
-
-def process_kind(title: str) -> str | None:
-    """TRAIN_WORKER or DATA for a Ray process title (its command line), else None."""
-    if _TRAIN_TITLE.match(title):
-        return TRAIN_WORKER
-    if _DATA_TITLE.match(title):
-        return DATA
-    return None
-
-
-def _uss(process: psutil.Process) -> int:
-    """Bytes only this process holds (its unique set size).
-
-    Not RSS: RSS also counts the object store's shared-memory pages a process has mapped, so every process
-    that reads a block would count that block again, and the sum over processes would count it many times.
-    The object store is measured on its own.
-    """
-    return process.memory_full_info().uss
-
-
-class MemorySampler:
-    """Samples one node's processes every `interval_s` in a thread, and keeps each kind's peak (bytes).
-
-    Runs as a Ray actor pinned to its node (`MemoryPeaks` starts one per alive node).
-    """
-
-    def __init__(self, raylet_address: str, raylet_port: int, interval_s: float = 0.25):
-        self._raylet = (raylet_address, raylet_port)
-        self._interval_s = interval_s
-        self._peaks = {f"{TRAIN_WORKER}_max": 0, f"{DATA}_max": 0, f"{DATA}_sum": 0, "object_store": 0}
-        self._titles: dict[str, int] = {}  # the largest USS seen under each title counted (bytes)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _object_store_bytes(self) -> int:
-        # The bytes in this node's object store, as its raylet reports them. Ray 2.60 has no public API for it:
-        # `ray._private.internal_api.node_stats` is what `ray memory --stats-only` reads (through
-        # `memory_summary(stats_only=True)`, which asks one raylet for the whole cluster and returns text).
-        from ray._private.internal_api import node_stats
-
-        return node_stats(*self._raylet, include_memory_info=False).store_stats.object_store_bytes_used
-
-    def sample(self) -> None:
-        """Read every process of this node once, and raise the peaks they pass."""
-        train_max = data_max = data_sum = 0
-        for process in psutil.process_iter(["cmdline"]):
-            kind = process_kind(" ".join(process.info["cmdline"] or []))
-            if kind is None:
-                continue
-            try:
-                uss = _uss(process)
-            except psutil.Error:  # gone meanwhile, e.g. a task's worker that just exited
-                continue
-            title = " ".join(process.info["cmdline"]).strip()[:80]  # Ray pads titles with spaces
-            self._titles[title] = max(self._titles.get(title, 0), uss)
-            if kind == TRAIN_WORKER:
-                train_max = max(train_max, uss)
-            else:
-                data_max, data_sum = max(data_max, uss), data_sum + uss
-        for key, value in ((f"{TRAIN_WORKER}_max", train_max), (f"{DATA}_max", data_max), (f"{DATA}_sum", data_sum),
-                           ("object_store", self._object_store_bytes())):
-            self._peaks[key] = max(self._peaks[key], value)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self.sample()
-            except Exception:  # noqa: BLE001 - a failed sample must not end the sampling
-                pass
-
-    def stop(self) -> dict[str, Any]:
-        """Stop sampling; the peaks (bytes), and the largest process under each title counted (bytes)."""
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-        return {**self._peaks, "titles": self._titles}
-
-
-class _DriverSampler(threading.Thread):
-    """The driver's own peak USS, sampled in a thread of the driver (it may run on no node of the cluster)."""
-
-    def __init__(self, interval_s: float):
-        super().__init__(daemon=True)
-        self.interval_s, self.peak, self.stopped = interval_s, 0, threading.Event()
-        self.process = psutil.Process(os.getpid())
-
-    def run(self) -> None:
-        while True:
-            self.peak = max(self.peak, _uss(self.process))
-            if self.stopped.wait(self.interval_s):
-                return
-
-
-@dataclass
-class MemoryPeaks:
-    """Peak memory by kind of process while a run goes, on every node: `with MemoryPeaks() as peaks: ...`.
-
-    Afterwards, `peaks.mib` holds, in MiB: `driver` (this process), `train_worker_max` (the largest Ray Train
-    worker), `data_max` (the largest Ray Data process) and `data_sum` (Ray Data's processes together), and
-    `object_store` (bytes in the object stores). Each node reports its own peaks; across nodes the maxima are
-    maxima and the sums add up each node's peak (the nodes peak at different moments: an upper bound).
-    """
-
-    interval_s: float = 0.25
-
-    def __enter__(self) -> MemoryPeaks:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        actor = ray.remote(num_cpus=0)(MemorySampler)  # no CPU: it must not take one from training or Ray Data
-        self._samplers = [
-            actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
-            .remote(node["NodeManagerAddress"], node["NodeManagerPort"], self.interval_s)
-            for node in ray.nodes() if node["Alive"]
-        ]
-        self._driver = _DriverSampler(self.interval_s)
-        self._driver.start()
-        self.mib: dict[str, float] = {}
-        self.titles: dict[str, float] = {}  # the largest process under each title counted, MiB
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._driver.stopped.set()
-        self._driver.join()
-        per_node = ray.get([sampler.stop.remote() for sampler in self._samplers], timeout=60)
-        for sampler in self._samplers:
-            ray.kill(sampler)
-        for node in per_node:
-            for title, uss in node.pop("titles").items():
-                self.titles[title] = max(self.titles.get(title, 0.0), round(uss / MIB, 1))
-        self.mib = merge_peaks(self._driver.peak, per_node)
-
-
-def merge_peaks(driver_bytes: int, per_node: list[dict[str, int]]) -> dict[str, float]:
-    """The peaks of all nodes together, in MiB: maxima of the `_max` keys, sums of the others."""
-    merged = {"driver": driver_bytes}
-    for key in (f"{TRAIN_WORKER}_max", f"{DATA}_max", f"{DATA}_sum", "object_store"):
-        values = [node[key] for node in per_node]
-        merged[key] = max(values, default=0) if key.endswith("_max") else sum(values)
-    return {key: round(value / MIB, 1) for key, value in merged.items()}

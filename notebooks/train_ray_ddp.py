@@ -16,8 +16,8 @@ from helpers.config import load_config
 from helpers.ddp import train_loop_per_worker
 from helpers.results import MetricsHistory
 from helpers.runs import new_run_name
-from helpers.scripts import parse_args, print_result, run_script
 from helpers.session import start_ray
+from helpers.tooling.scripts import parse_args, print_result, run_script
 
 
 def main(argv: list[str] | None = None) -> Result:

@@ -18,8 +18,8 @@ from helpers.config import load_config
 from helpers.ingest import SHUFFLE_BUFFER_ROWS, SMOKE_ROWS, prepare_ray_data_training, train_loop_per_worker
 from helpers.results import MetricsHistory
 from helpers.runs import new_run_name
-from helpers.scripts import parse_args, print_result, run_script
 from helpers.session import start_ray
+from helpers.tooling.scripts import parse_args, print_result, run_script
 
 
 def main(argv: list[str] | None = None) -> Result:

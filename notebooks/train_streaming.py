@@ -20,17 +20,32 @@ from pathlib import Path
 from ray.train import RunConfig
 from ray.train.torch import TorchTrainer
 
-from helpers.cluster import (check_data_resources, check_resources, check_storage_path, course_scaling_config,
-                             start_autoscaling_coordinator)
+from helpers.cluster import (
+    check_data_resources,
+    check_resources,
+    check_storage_path,
+    course_scaling_config,
+    start_autoscaling_coordinator,
+)
 from helpers.config import ConfigError, load_config
 from helpers.runs import new_run_name
-from helpers.scripts import run_script
 from helpers.session import start_ray
 from helpers.streaming import (
-    GB, ROW_MULTIPLE, MemoryPeaks, WorkerReports, check_every_row_once, check_free_disk, dataset_marker,
-    parse_streaming_args, read_worker_reports, requested_size_gb, streaming_data_config, streaming_dataset, synthetic_folder, synthetic_path,
+    GB,
+    ROW_MULTIPLE,
+    WorkerReports,
+    check_every_row_once,
+    check_free_disk,
+    dataset_marker,
+    read_worker_reports,
+    streaming_data_config,
+    streaming_dataset,
+    synthetic_folder,
+    synthetic_path,
     train_loop_per_worker,
 )
+from helpers.tooling.memory import MemoryPeaks
+from helpers.tooling.scripts import parse_streaming_args, requested_size_gb, run_script
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""helpers.bench: the statistics it concludes from, its timed loop, its FLOP counts, its start-up phases."""
+"""helpers.tooling.bench: the statistics it concludes from, its timed loop, its FLOP counts, its start-up phases."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import bench
+from helpers.tooling import bench
 
 
 def test_spread_is_median_min_max_with_the_rounds():
@@ -65,7 +65,8 @@ def test_the_timed_loop_trains_in_the_asked_precision_and_layout(bf16, channels_
     assert len(seen) == 5, "warm-up and timed steps each run one forward pass"
     assert all(dtype == (torch.bfloat16 if bf16 else torch.float32) for dtype, _ in seen)
     assert all(x.is_contiguous(memory_format=torch.channels_last) == channels_last for _, x in seen)
-    assert model[0].weight.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    weights_format = torch.channels_last if channels_last else torch.contiguous_format
+    assert model[0].weight.is_contiguous(memory_format=weights_format)
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), "the optimizer stepped"
 
 
@@ -145,5 +146,5 @@ def test_the_printed_table_gives_median_spread_and_verdict():
 
 
 def test_a_missing_recorded_report_says_how_to_make_it():
-    with pytest.raises(FileNotFoundError, match="python -m helpers.bench --json"):
+    with pytest.raises(FileNotFoundError, match="python -m helpers.tooling.bench --json"):
         bench.recorded_report("no-such-report")

@@ -1,4 +1,5 @@
-"""helpers.cluster: workers sized from the nodes that host them; preflights that fail fast or say what a run waits for."""
+"""helpers.cluster: workers sized from the nodes that host them; preflights that fail fast or say what a run waits
+for."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from helpers.cluster import (
     resources_per_worker,
 )
 from helpers.config import ConfigError, load_config
+from helpers.tooling.ray_internals import train_resources_per_worker
 
 LAPTOP = Capacity([{"CPU": 2.0, "memory": 1e10}])
 #: As on Anyscale: a head with no CPUs, and two worker nodes.
@@ -48,7 +50,7 @@ def plan(capacity: Capacity, **variables: str):
     ScalingConfig(num_workers=2, use_gpu=True, accelerator_type="T4"),
 ])
 def test_resources_per_worker_follow_ray_trains_rules(scaling_config):
-    assert resources_per_worker(scaling_config) == pytest.approx(scaling_config._resources_per_worker_not_none)
+    assert resources_per_worker(scaling_config) == pytest.approx(train_resources_per_worker(scaling_config))
 
 
 def test_on_a_laptop_two_workers_split_the_cpus():
@@ -168,7 +170,8 @@ def test_on_an_autoscaling_cluster_the_preflight_says_what_the_run_waits_for():
         check_resources(request, AUTOSCALING)  # 4 GPU nodes can be added: wait for them, not fail
     message = str(warned[0].message)
     assert "room for 0 of the 4 workers x (8 CPU, 1 GPU) now" in message
-    assert "Kernel > Interrupt" in message and "Ctrl-C" in message and "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S" in message
+    assert "Kernel > Interrupt" in message and "Ctrl-C" in message
+    assert "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S" in message
     with pytest.warns(ResourceWaitWarning):
         check_resources(ScalingConfig(num_workers=64), AUTOSCALING_UNKNOWN)  # limits unknown: waits
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from helpers import kuberay
 from helpers.config import CLUSTER_STORAGE
+from helpers.tooling import kuberay
 
 MANIFESTS = ["storage-pvc.yaml", "raycluster.yaml", "rayjob.yaml"]
 
@@ -179,7 +179,8 @@ def test_a_wrong_chart_value_fails_once_rendered(manifests, path, value, expecte
 
 
 def test_a_dockerfile_on_another_ray_fails():
-    text = (kuberay.DEPLOY_DIR / "Dockerfile").read_text().replace("rayproject/ray:2.60.0-py311", "rayproject/ray:2.52.0")
+    dockerfile = (kuberay.DEPLOY_DIR / "Dockerfile").read_text()
+    text = dockerfile.replace("rayproject/ray:2.60.0-py311", "rayproject/ray:2.52.0")
     assert kuberay.dockerfile_errors(text) == [
         "Dockerfile: FROM rayproject/ray:2.52.0, expected rayproject/ray:2.60.0-py311 (the course's pins)"]
 

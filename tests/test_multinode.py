@@ -1,5 +1,5 @@
 """The course on a real multi-node Ray cluster on this machine, as on Anyscale: a head with no CPUs, two worker
-nodes, token auth on, the dashboard on loopback (helpers.local_cluster). Each worker node has 1 CPU, as this
+nodes, token auth on, the dashboard on loopback (helpers.tooling.local_cluster). Each worker node has 1 CPU, as this
 machine has 2 cores: with 2 CPUs per node, two workers of 2 threads each fought over the cores (86 images/s
 instead of 272 in the same 2-worker run).
 
@@ -26,8 +26,8 @@ import psutil
 import pytest
 
 from helpers.config import REPO_ROOT
-from helpers.local_cluster import LocalCluster
 from helpers.results import read_history
+from helpers.tooling.local_cluster import LocalCluster
 
 #: The Ray variables a LocalCluster must leave as they are in the process that starts it.
 RAY_VARS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -212,7 +212,8 @@ def course_env(cluster: LocalCluster, tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def worker_node_ids(course_env: dict[str, str]) -> set[str]:
     """The ids of the cluster's nodes that have CPUs (the two worker nodes; the head has none)."""
-    code = "import json, ray; ray.init(); print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Resources'].get('CPU')]))"
+    code = ("import json, ray; ray.init(); "
+            "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Resources'].get('CPU')]))")
     result = run_driver(code, {**course_env, "RAY_AUTH_MODE": "token"})
     assert result.returncode == 0, result.stderr[-3000:]
     return set(last_json_line(result.stdout))

@@ -45,13 +45,14 @@ def refused(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, fl
 
 
 def test_use_gpu_flags_default_to_the_configuration():
-    from helpers.scripts import parse_args
+    from helpers.tooling.scripts import parse_args
 
     assert parse_args("x", []).use_gpu is None, "unset: COURSE_USE_GPU decides (auto: GPUs when the cluster has any)"
     assert parse_args("x", ["--use-gpu"]).use_gpu is True
     assert parse_args("x", ["--no-use-gpu"]).use_gpu is False
 
 
+@pytest.mark.ray  # the scripts start Ray
 def test_use_gpu_on_a_machine_without_gpus_says_what_to_change(refused):
     done, wall_s = refused["gpu"]
     assert done.returncode != 0 and "Traceback" not in done.stderr
@@ -60,6 +61,7 @@ def test_use_gpu_on_a_machine_without_gpus_says_what_to_change(refused):
     assert wall_s < 120  # Ray's start-up (three at once) included; the check itself is instant
 
 
+@pytest.mark.ray  # the scripts start Ray
 def test_train_ray_ddp_refuses_an_impossible_request_with_the_courses_error(refused):
     done, wall_s = refused["64 workers"]
     assert done.returncode != 0
@@ -68,6 +70,7 @@ def test_train_ray_ddp_refuses_an_impossible_request_with_the_courses_error(refu
     assert wall_s < 120
 
 
+@pytest.mark.ray  # the scripts start Ray
 def test_train_ray_ddp_refuses_a_storage_path_it_cannot_write_before_training(refused):
     done, wall_s = refused["unwritable storage"]
     assert done.returncode != 0
@@ -78,20 +81,19 @@ def test_train_ray_ddp_refuses_a_storage_path_it_cannot_write_before_training(re
 
 def test_a_course_error_raised_in_a_worker_is_printed_as_one_line():
     from ray.train import WorkerGroupError
-    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 
     from helpers.data import DataNotFoundError
-    from helpers.scripts import run_script
+    from helpers.tooling.scripts import run_script
 
     def worker_without_data():  # what fit() raises when a worker's load_mnist fails (Ray Train 2.60)
-        wrapped = UserExceptionWithTraceback(DataNotFoundError("MNIST is not in /data on node ab"), "Traceback ...")
-        raise WorkerGroupError("Training failed", {1: wrapped})
+        raise WorkerGroupError("Training failed", {0: ValueError("other"),
+                                                   1: DataNotFoundError("MNIST is not in /data on node ab")})
 
     with pytest.raises(SystemExit, match="^error: MNIST is not in /data on node ab$"):
         run_script(worker_without_data)
 
     def worker_bug():
-        raise WorkerGroupError("Training failed", {0: UserExceptionWithTraceback(ZeroDivisionError(), "Traceback")})
+        raise WorkerGroupError("Training failed", {0: ZeroDivisionError()})
 
     with pytest.raises(WorkerGroupError):  # anything else keeps its traceback
         run_script(worker_bug)

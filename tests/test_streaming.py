@@ -1,4 +1,4 @@
-"""helpers.streaming: the script's flags, the synthetic dataset written once, the clean-up, the memory bookkeeping.
+"""train_streaming.py's code: its flags, the synthetic dataset written once, the clean-up, the memory bookkeeping.
 
 The script itself runs end to end in its lesson's notebook (nbval); these are the fast unit tests.
 """
@@ -19,10 +19,23 @@ from helpers import storage
 from helpers.cluster import StoragePathError
 from helpers.plots import streaming_scaling
 from helpers.streaming import (
-    COMPLETE_MARKER, DATA, GB, IMAGE_SHAPE, ROW_BYTES, ROW_MULTIPLE, TRAIN_WORKER, check_every_row_once,
-    check_free_disk, dataset_marker, make_images, merge_peaks, normalize_images, num_rows_for, parse_streaming_args,
-    process_kind, remove_synthetic_images, requested_size_gb, synthetic_folder, synthetic_path,
+    COMPLETE_MARKER,
+    GB,
+    IMAGE_SHAPE,
+    ROW_BYTES,
+    ROW_MULTIPLE,
+    check_every_row_once,
+    check_free_disk,
+    dataset_marker,
+    make_images,
+    normalize_images,
+    num_rows_for,
+    remove_synthetic_images,
+    synthetic_folder,
+    synthetic_path,
 )
+from helpers.tooling.memory import DATA, TRAIN_WORKER, merge_peaks, process_kind
+from helpers.tooling.scripts import parse_streaming_args, requested_size_gb
 
 TINY_GB = 0.002  # 2 MiB: 168 images
 

@@ -25,6 +25,7 @@ import atexit
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import socket
@@ -37,9 +38,9 @@ from pathlib import Path
 from types import TracebackType
 
 import psutil
-from ray._common.network_utils import build_address
-from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
-from ray._private.services import get_node_ip_address
+from ray.util import get_node_ip_address
+
+from helpers.tooling.ray_internals import gcs_address
 
 #: The Ray CLI of this Python environment.
 RAY_CLI = Path(sys.executable).parent / "ray"
@@ -140,7 +141,7 @@ class LocalCluster:
         assert self.temp_dir is not None
         gcs_port, dashboard_port, client_port = _free_ports(3)
         # The address `ray start --head` advertises: it calls the same function (the first IP, not 127.0.0.1).
-        self.address = build_address(get_node_ip_address(), gcs_port)
+        self.address = gcs_address(get_node_ip_address(), gcs_port)
         self.dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         # Nor the course's settings (COURSE_*): a real cluster's nodes never see them; drivers and jobs hand them over.
         self._env = {name: value for name, value in os.environ.items()
@@ -148,7 +149,7 @@ class LocalCluster:
         # As in an activated virtual environment: a job's entrypoint `python` is then this environment's Python.
         self._env["PATH"] = os.pathsep.join([str(RAY_CLI.parent), self._env.get("PATH", os.defpath)])
         if self.token_auth:
-            self.token = generate_new_authentication_token()
+            self.token = secrets.token_hex(32)  # what `ray get-auth-token --generate` makes: 256 random bits
             token_file = self.token_file
             _write_private(token_file, self.token)
             # Every process of the cluster inherits these from its `ray start`, and the nodes the autoscaler adds

@@ -353,7 +353,8 @@ def _pod_errors(pod: dict, token_by_env: bool) -> list[str]:
 
 def _storage_errors(pod: dict, ray: dict) -> list[str]:
     claim = storage_claim()
-    volumes = [v["name"] for v in pod.get("volumes", []) if v.get("persistentVolumeClaim", {}).get("claimName") == claim]
+    volumes = [v["name"] for v in pod.get("volumes", [])
+               if v.get("persistentVolumeClaim", {}).get("claimName") == claim]
     mounts = [m["mountPath"] for m in ray.get("volumeMounts", []) if m["name"] in volumes]
     if Path(mounts[0] if mounts else "/") != CLUSTER_STORAGE:
         return [f"volumeMounts: mount the claim {claim!r} at {CLUSTER_STORAGE} (found: {mounts or 'none'})"]
@@ -404,8 +405,8 @@ def rayjob_errors(job: dict) -> list[str]:
 
 
 def entrypoint_errors(entrypoint: str) -> list[str]:
-    """`python <script in the image> <flags>`: the script is one the Dockerfile copies, and its parser takes the flags."""
-    from helpers.scripts import parse_args
+    """`python <script in the image> <flags>`: a script the Dockerfile copies, and its parser takes the flags."""
+    from helpers.tooling.scripts import parse_args
 
     argv = shlex.split(entrypoint)
     if len(argv) < 2 or argv[0] != "python":

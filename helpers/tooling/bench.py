@@ -1,8 +1,8 @@
 """The course's benchmark, as a command (not a test): where the time of a training step goes.
 
-    python -m helpers.bench                      # all three parts, 5 rounds each (50 min on 2 CPU cores)
-    python -m helpers.bench device ddp --rounds 7 --json bench.json
-    python -m helpers.bench --quick              # one short round of everything (CI; no verdicts)
+    python -m helpers.tooling.bench              # all three parts, 5 rounds each (50 min on 2 CPU cores)
+    python -m helpers.tooling.bench device ddp --rounds 7 --json bench.json
+    python -m helpers.tooling.bench --quick      # one short round of everything (CI; no verdicts)
 
 Parts, all in one process that starts (or joins, through RAY_ADDRESS) one Ray for all of them:
 - `device`: one training process on this machine's device (the GPU when there is one). ResNet-18 on batches
@@ -50,6 +50,7 @@ from torch.utils.data import DataLoader
 from helpers.config import REPO_ROOT, load_config, load_dotenv_file
 from helpers.data import load_mnist
 from helpers.models import resnet18_mnist
+from helpers.tooling import ray_internals
 from helpers.training import seed_everything
 
 PARTS = ("device", "ddp", "data")
@@ -126,7 +127,7 @@ def machine(argv: list[str] | None = None) -> dict:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
         "date": datetime.date.today().isoformat(),
-        "command": shlex.join(["python", "-m", "helpers.bench", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", "-m", "helpers.tooling.bench", *(sys.argv[1:] if argv is None else argv)]),
     }
 
 
@@ -306,30 +307,16 @@ def plain_loop_images_per_s(data_dir: str, steps: int, warmup: int = 2) -> float
     return loop_images_per_s(resnet18_mnist(), iter(loader), steps, warmup, device=device)
 
 
-#: What Ray Train's controller logs, with its own clock, as it starts a worker group (Ray 2.60,
-#: ray/train/v2/_internal/execution/worker_group/worker_group.py): phase -> the message's pattern.
-STARTUP_PHASES = {
-    "placement_group": r"Placement group ready in ([\d.]+)s",
-    "worker_processes": r"\d+ worker actors created in ([\d.]+)s",
-    "train_context": r"Train context initialized on workers in ([\d.]+)s",
-    "process_group_and_callbacks": r"after_worker_group_start callbacks completed in ([\d.]+)s",
-    "train_function_shipped": r"Train function launched on workers in ([\d.]+)s",
-    "worker_group_total": r"Worker group startup completed in ([\d.]+)s total",
-}
-
-
 def controller_records(run_name: str, log_dir: str | None = None) -> list[dict]:
     """Ray Train's controller log records (JSON lines, DEBUG included) of the run `run_name`, in order.
 
     The controller writes them on its node, under the session's `logs/train/`: run this on that node (the driver's,
     where the controller runs by default).
     """
-    import ray
-
     if log_dir is None:
-        log_dir = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs", "train")
+        log_dir = ray_internals.train_log_dir()
     records = []
-    for path in glob.glob(os.path.join(log_dir, "ray-train-sys-controller-*.log")):
+    for path in glob.glob(os.path.join(log_dir, ray_internals.TRAIN_CONTROLLER_LOGS)):
         with open(path) as lines:
             records += [record for record in map(json.loads, lines) if record.get("run_name") == run_name]
     return sorted(records, key=lambda record: record["timestamp_ns"])
@@ -343,12 +330,13 @@ def startup_phases(records: list[dict]) -> dict[str, float]:
     """
     phases = {}
     for record in records:
-        if "controller_setup" not in phases and record["message"].startswith("Attempting to start training worker"):
+        message = record["message"]
+        if "controller_setup" not in phases and message.startswith(ray_internals.TRAIN_WORKER_GROUP_REQUESTED):
             phases["controller_setup"] = (record["timestamp_ns"] - records[0]["timestamp_ns"]) / 1e9
-        for phase, pattern in STARTUP_PHASES.items():
-            if phase not in phases and (match := re.search(pattern, record["message"])):
+        for phase, pattern in ray_internals.TRAIN_STARTUP_PHASES.items():
+            if phase not in phases and (match := re.search(pattern, message)):
                 phases[phase] = float(match.group(1))
-    missing = {"controller_setup", *STARTUP_PHASES} - set(phases)
+    missing = {"controller_setup", *ray_internals.TRAIN_STARTUP_PHASES} - set(phases)
     if missing:
         raise RuntimeError(f"Ray Train's controller log has no record of {sorted(missing)}: is this Ray 2.60?")
     return phases
@@ -454,7 +442,8 @@ def bench_data(sizes: dict, num_workers: int) -> dict:
     streaming = ingest.mnist_datasets(parquet_root, {"train": rows}, materialize=False)
     variants = {
         "dataloader": fit("bench-data-dataloader", ddp.train_loop_per_worker,
-                          {"max_steps_per_epoch": rows // GLOBAL_BATCH_SIZE, "data_dir": str(cfg.data_dir)}, whole_cpus),
+                          {"max_steps_per_epoch": rows // GLOBAL_BATCH_SIZE, "data_dir": str(cfg.data_dir)},
+                          whole_cpus),
         "ray_data_materialized": fit("bench-data-materialized", ingest.train_loop_per_worker, ray_data, whole_cpus,
                                      in_memory),
         "ray_data_streaming": fit("bench-data-streaming", ingest.train_loop_per_worker, ray_data, data_cpus, streaming),
@@ -467,8 +456,9 @@ def bench_data(sizes: dict, num_workers: int) -> dict:
                    compare(runs, "ray_data_streaming", "dataloader")]
     if "ray_data_not_shuffled" in runs:
         comparisons.append(compare(runs, "ray_data_materialized", "ray_data_not_shuffled"))
-    return {"rows_per_epoch": rows, "epochs": epochs, "num_workers": num_workers, "global_batch_size": GLOBAL_BATCH_SIZE,
-            "cpus_per_worker": {"whole": whole_cpus, "streaming": data_cpus}, "materialize_s": materialize_s,
+    return {"rows_per_epoch": rows, "epochs": epochs, "num_workers": num_workers,
+            "global_batch_size": GLOBAL_BATCH_SIZE, "cpus_per_worker": {"whole": whole_cpus, "streaming": data_cpus},
+            "materialize_s": materialize_s,
             "images_per_s": {name: spread(values) for name, values in runs.items()}, "comparisons": comparisons}
 
 
@@ -511,13 +501,13 @@ def recorded_report(name: str = "bench") -> dict:
     """A committed report, `notebooks/results/<name>.json`, as lesson 10 reads it."""
     path = RESULTS_DIR / f"{name}.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing. Record it with: python -m helpers.bench --json {path}")
+        raise FileNotFoundError(f"{path} is missing. Record it with: python -m helpers.tooling.bench --json {path}")
     return json.loads(path.read_text())
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: parts (default all of them) and the flags, in any order."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.tooling.bench", description=__doc__.split("\n")[0])
     parser.add_argument("parts", nargs="*", default=[], metavar="PART",
                         help=f"any of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds per part (default {ROUNDS}; --quick: 1)")

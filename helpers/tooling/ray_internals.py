@@ -1,0 +1,263 @@
+"""Every private Ray API the course relies on, in one place, written for Ray 2.60.0.
+
+Ray may change or drop any of these in any release. Each function names, in a comment, the public API that is
+missing; `PRIVATE_APIS` lists what they import, and tests/test_ray_internals.py fails when the installed Ray lacks
+one, or when code elsewhere in the course uses a private Ray API instead of this module. The formats of Ray 2.60's
+logs that the course reads (Ray Train's controller log, the lines Ray forwards to a notebook) are here too.
+
+Private modules are imported inside the functions: importing this module imports no Ray.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from ray.train import ScalingConfig
+
+#: Every (module, attribute) this module relies on; an attribute may be a dotted path (class, then attribute).
+PRIVATE_APIS = (
+    ("ray._private.state", "state.get_cluster_config"),
+    ("ray._raylet", "GCS_AUTOSCALER_CLUSTER_CONFIG_KEY"),
+    ("ray._raylet", "GCS_AUTOSCALER_STATE_NAMESPACE"),
+    ("ray.core.generated.autoscaler_pb2", "ClusterConfig"),
+    ("ray.core.generated.autoscaler_pb2", "NodeGroupConfig"),
+    ("ray.experimental.internal_kv", "_internal_kv_get"),
+    ("ray.experimental.internal_kv", "_internal_kv_put"),
+    ("ray._private.ray_constants", "DEBUG_AUTOSCALING_STATUS"),
+    ("ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator", "get_or_create_autoscaling_coordinator"),
+    ("ray.train.v2._internal.logging.logging", "LoggingManager.get_log_directory"),
+    ("ray._private.internal_api", "node_stats"),
+    ("ray.core.generated.node_manager_pb2", "GetNodeStatsReply.STORE_STATS_FIELD_NUMBER"),
+    ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.OBJECT_STORE_BYTES_USED_FIELD_NUMBER"),
+    ("ray._common.network_utils", "build_address"),
+    ("ray._private.runtime_env.constants", "RAY_JOB_CONFIG_JSON_ENV_VAR"),
+    ("ray._private.authentication.authentication_token_setup", "_enable_token_auth"),
+    ("ray._private.authentication.authentication_utils", "is_token_auth_enabled"),
+    ("ray._private.authentication.http_token_authentication", "get_auth_headers_if_auth_enabled"),
+    ("ray.data._internal.progress", "logger"),
+    ("ray.train", "ScalingConfig._resources_per_worker_not_none"),
+)
+
+
+def missing_private_apis() -> list[str]:
+    """The entries of PRIVATE_APIS that the installed Ray lacks, as "module.attribute"."""
+    missing = []
+    for module, attribute in PRIVATE_APIS:
+        try:
+            functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
+        except (ImportError, AttributeError):
+            missing.append(f"{module}.{attribute}")
+    return missing
+
+
+# --- The cluster and its autoscaler ----------------------------------------------------------------------------
+
+def reported_node_groups() -> list[dict[str, Any]]:
+    """The node types in Ray's cluster config (Anyscale's autoscaler reports them): name, resources, min and max count.
+
+    Empty when no autoscaler reported any (Ray's own autoscaler does not).
+    """
+    # no public API: the autoscaler's node types; `ray.autoscaler.sdk` has no getter
+    import ray._private.state
+
+    config = ray._private.state.state.get_cluster_config()
+    if config is None:
+        return []
+    return [{"name": group.name, "resources": dict(group.resources), "min_count": group.min_count,
+             "max_count": group.max_count} for group in config.node_group_configs]
+
+
+def report_node_groups(node_groups: list[dict[str, Any]]) -> None:
+    """Write node types (dicts as `reported_node_groups` returns them) into Ray's cluster config, as Anyscale does."""
+    # no public API: only an autoscaler writes the cluster config (tests play Anyscale's with this)
+    from ray._raylet import GCS_AUTOSCALER_CLUSTER_CONFIG_KEY, GCS_AUTOSCALER_STATE_NAMESPACE
+    from ray.core.generated.autoscaler_pb2 import ClusterConfig, NodeGroupConfig
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    config = ClusterConfig(node_group_configs=[NodeGroupConfig(**group) for group in node_groups])
+    _internal_kv_put(GCS_AUTOSCALER_CLUSTER_CONFIG_KEY, config.SerializeToString(), overwrite=True,
+                     namespace=GCS_AUTOSCALER_STATE_NAMESPACE)
+
+
+def autoscaler_report() -> dict[str, Any] | None:
+    """The report Ray's autoscaler writes every few seconds (node types, pending nodes); None when none runs."""
+    # no public API: `ray status` prints this report as text only
+    from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    status = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+    return json.loads(status).get("autoscaler_report") if status else None
+
+
+def autoscaling_coordinator() -> ActorHandle:
+    """The detached actor Ray Train asks for resources on every `fit()`, created now if it does not exist yet."""
+    # no public API: Ray Train creates it itself, in its first fit() (see helpers.cluster.start_autoscaling_coordinator)
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    return get_or_create_autoscaling_coordinator()
+
+
+def object_store_bytes_used(raylet_address: str, raylet_port: int) -> int:
+    """The bytes in one node's object store, as that node's raylet reports them."""
+    # no public API: `ray memory --stats-only` prints it, as text, for the whole cluster (memory_summary)
+    from ray._private.internal_api import node_stats
+
+    return node_stats(raylet_address, raylet_port, include_memory_info=False).store_stats.object_store_bytes_used
+
+
+def gcs_address(ip: str, port: int) -> str:
+    """The address `ray start --head` advertises for a GCS at `ip` and `port` ("ip:port", an IPv6 ip in brackets)."""
+    # no public API: Ray's own address formatting, the one `ray start` records in ray_current_cluster
+    from ray._common.network_utils import build_address
+
+    return build_address(ip, port)
+
+
+# --- Jobs and tokens -------------------------------------------------------------------------------------------
+
+def submitted_job_config() -> dict[str, Any] | None:
+    """The job config `ray job submit` hands its entrypoint process (its runtime env among it); None outside a job."""
+    # no public API before ray.init(): `ray.get_runtime_context().runtime_env` needs a connected driver
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    raw = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    return json.loads(raw) if raw else None
+
+
+def enable_token_auth() -> None:
+    """Send Ray's token from now on: RAY_AUTH_MODE=token for this process and its children, Ray's config reloaded."""
+    # no public API: Ray reads RAY_AUTH_MODE once into its config, and `ray.init()` has no token option
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+    _enable_token_auth()
+
+
+def token_auth_enabled() -> bool:
+    """Whether the Ray of this process (a driver, or a worker of a cluster) runs with token authentication."""
+    # no public API: the authentication mode is in Ray's internal config only
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
+
+
+def auth_headers() -> dict[str, str]:
+    """The HTTP headers that carry this process's Ray token to the dashboard; {} when token auth is off."""
+    # no public API: `JobSubmissionClient` adds the token to its own requests only
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+    return get_auth_headers_if_auth_enabled({})
+
+
+# no public API: Ray Data logs the notice once per process from this private module's logger, with no switch
+#: The logger of Ray Data's "Progress bars disabled" notice.
+RAY_DATA_PROGRESS_LOGGER = "ray.data._internal.progress"
+
+
+# --- Ray Train -------------------------------------------------------------------------------------------------
+
+def train_resources_per_worker(scaling_config: ScalingConfig) -> dict[str, float]:
+    """What Ray Train reserves for each worker of `scaling_config`, by Ray Train's own rule (its defaults filled in)."""
+    # no public API: ScalingConfig exposes what was asked for (resources_per_worker may be None), not what it reserves
+    return scaling_config._resources_per_worker_not_none
+
+
+def train_log_dir() -> str:
+    """Where Ray Train writes its log files on this node, in the Ray session this process joined."""
+    # no public API: Ray Train's log folder (<session dir>/logs/train) is known only to its LoggingManager
+    from ray.train.v2._internal.logging.logging import LoggingManager
+
+    log_dir = LoggingManager.get_log_directory()
+    if log_dir is None:
+        raise RuntimeError("This process has not joined a Ray session: start Ray first (setup() or start_ray()).")
+    return log_dir
+
+
+#: Ray Train's controller writes its log records (JSON lines, DEBUG included) to these files in `train_log_dir()`
+#: (Ray 2.60, ray/train/v2/_internal/logging/logging.py).
+TRAIN_CONTROLLER_LOGS = "ray-train-sys-controller-*.log"
+#: The controller's record as it asks for its first worker group: the end of the controller's own set-up.
+TRAIN_WORKER_GROUP_REQUESTED = "Attempting to start training worker"
+#: What Ray Train's controller logs, with its own clock, as it starts a worker group (Ray 2.60,
+#: ray/train/v2/_internal/execution/worker_group/worker_group.py): phase -> the message's pattern.
+TRAIN_STARTUP_PHASES = {
+    "placement_group": r"Placement group ready in ([\d.]+)s",
+    "worker_processes": r"\d+ worker actors created in ([\d.]+)s",
+    "train_context": r"Train context initialized on workers in ([\d.]+)s",
+    "process_group_and_callbacks": r"after_worker_group_start callbacks completed in ([\d.]+)s",
+    "train_function_shipped": r"Train function launched on workers in ([\d.]+)s",
+    "worker_group_total": r"Worker group startup completed in ([\d.]+)s total",
+}
+
+
+# --- The lines Ray forwards to a notebook (Ray 2.60) -----------------------------------------------------------
+
+#: A line Ray forwarded from another process: "(RayTrainWorker pid=42, ip=10.0.0.2) ...", "(pid=gcs_server) ...",
+#: "(raylet) ...", "(autoscaler +1m2s) ...", optionally in colour; the note Ray prints under de-duplicated lines;
+#: or a line of Ray's C++ core log ("[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: ..."), which
+#: the kernel's Ray client writes itself.
+RAY_LOG_LINE = re.compile(
+    r"^(\x1b\[[\d;]*m)?\(((\w+ )?pid=\w+|raylet|autoscaler \+[\w.]+)(, ip=[\w.:-]+)?\)"
+    r"|^\(Ray deduplicates logs by default\."
+    r"|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.cc:\d+: "
+)
+
+#: Colour codes, and the note Ray appends to a line it printed once for several processes.
+RAY_LOG_DECORATION = re.compile(r"\x1b\[[\d;]*m|\s*\[repeated \d+x across cluster\].*$")
+
+#: The prefix of a forwarded line, up to the message ("(RayTrainWorker pid=42) ", "[... E 1 1] core_worker.cc:9: ").
+RAY_LOG_PREFIX = re.compile(
+    r"^\(((\w+ )?pid=\w+|raylet|autoscaler \+[\w.]+)(, ip=[\w.:-]+)?\) ?"
+    r"|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.cc:\d+: "
+)
+
+#: A forwarded message that reports an error. The rule looks at what a line says, not at its log level:
+#: the committed outputs hold benign lines logged at level E ("(pid=gcs_server) [...] E ... Failed to kill
+#: actor ...: Socket closed" while Ray tears actors down; "[... E ...] core_worker.cc: Actor with class name:
+#: 'MapWorker(...)' ... has constructor arguments in the object store") and Ray Data warnings; none of them
+#: is a traceback, an exception line or a Ray Train failure report, so they stay out of the comparison.
+#: The Ray Train phrases are the ones Ray 2.60 logs: ray/train/v2/_internal/util.py ("Error in training
+#: function:"), api/exceptions.py (WorkerGroupError), worker_group/poll.py ("[Rank 1 Error Snippet]:").
+RAY_ERROR_MESSAGE = re.compile(
+    r"^Traceback \(most recent call last\):"
+    # an exception line: "ValueError: x", "TimeoutError", "ray.exceptions.RayTaskError(ValueError): ...",
+    # "helpers.fault_tolerance.InjectedFailure: ...", Ray Train's "Error: Training failed ..."
+    r"|^([A-Za-z_]\w*\.)*\w*(Error|Exception|Failure|Interrupt|Exit)(\([\w.]*\))?(:\s|:?$)"
+    r"|Error in training function:"
+    r"|Training failed due to worker errors"
+    r"|\[Rank [\d, ]+ Error Snippet\]"
+    r"|Exception raised in creation task"
+    r"|A worker died or was killed"
+)
+
+#: Known noise in Ray 2.60, allowed in every cell. Ray Data lists a dataset's files with worker threads and a
+#: "completion-signaler" thread (ray/data/_internal/dynamic_work_queue.py); once the listing is complete, the
+#: signaler still puts its last sentinels on queues the finished listing has already interrupted, and if it
+#: loses that race it dies with an uncaught InterruptedError, which Python prints as "Exception in thread
+#: pool-N/completion-signaler:" and a traceback. The files were all listed. Only that block passes: the header,
+#: the traceback's indented lines and a last line that is exactly "InterruptedError"; any other line ends it.
+_LISTING_NOISE_HEADER = r"Exception in thread pool-\d+/completion-signaler:"
+RAY_DATA_LISTING_NOISE = re.compile(rf"^{_LISTING_NOISE_HEADER}$")
+#: The same block when the listing ran in the kernel's own process (Ray Data lists some datasets in the driver):
+#: Python prints it to the kernel's stderr, unprefixed, so it would show up as output the recording does not have.
+#: It leaves the comparison whole, and only whole: a block that ends in another exception stays.
+KERNEL_LISTING_NOISE = re.compile(
+    rf"^{_LISTING_NOISE_HEADER}\nTraceback \(most recent call last\):\n(?:  .*\n)+InterruptedError\n",
+    re.MULTILINE,
+)
+
+#: Known noise in Ray 2.60, allowed in every cell: a SplitCoordinator (the actor that hands a dataset's blocks to
+#: Ray Train's workers) reporting "SystemExit". Ray Train shuts these actors down when a worker group ends, after a
+#: failure too (ray/train/v2/_internal/data_integration/dataset_manager.py, shutdown_data_executors), and Ray
+#: ends an actor by raising SystemExit in it (ray.actor.exit_actor, CoreWorker.drain_and_exit_worker); a
+#: concurrent actor may print it from the thread that was serving a split. Seen in CI in lesson 05's injected
+#: failure. Only that one line passes: any other line of a SplitCoordinator's is checked as usual.
+DATA_COORDINATOR_EXIT = re.compile(r"^\(SplitCoordinator pid=\w+(, ip=[\w.:-]+)?\) SystemExit(: \d+)?$")

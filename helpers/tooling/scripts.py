@@ -1,0 +1,118 @@
+"""What the course's command-line training scripts share: flags, the summary lines, error handling."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import ray
+from ray.train import Result, WorkerGroupError
+
+from helpers.cluster import ResourceRequestError, StoragePathError
+from helpers.config import ConfigError, load_config, load_dotenv_file
+from helpers.data import DataNotFoundError
+from helpers.results import read_history
+from helpers.storage import uri
+
+
+def course_parser(description: str, stores: str, smoke_test_help: str) -> argparse.ArgumentParser:
+    """A script's parser with the flags every course script takes, defaulting to the configuration (environment and
+    .env): `--num-workers --smoke-test --storage-path`; `stores` says what goes to the storage path."""
+    load_dotenv_file()
+    cfg = load_config()
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--num-workers", type=int, default=cfg.num_workers,
+                        help="Ray Train workers (default: COURSE_NUM_WORKERS, else one per GPU, else 2)")
+    parser.add_argument("--smoke-test", action="store_true", default=cfg.smoke_test, help=smoke_test_help)
+    parser.add_argument("--storage-path", default=cfg.storage_path,
+                        help=f"where {stores} go: a shared folder or a URI such as s3://bucket/prefix")
+    return parser
+
+
+def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """`--num-workers --epochs --use-gpu/--no-use-gpu --smoke-test --storage-path`, defaulting to the configuration.
+
+    Unset, `--num-workers` and `--use-gpu` are None: the course sizes the run for the cluster, as `setup()` does
+    (COURSE_NUM_WORKERS, COURSE_USE_GPU=auto: one worker per GPU when the cluster has GPUs, else 2 on CPU).
+    """
+    parser = course_parser(description, "results and checkpoints", "tiny epochs (CI)")
+    parser.add_argument("--epochs", type=int, default=2, help="training epochs")
+    parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
+                        help="one GPU per worker, or none (default: COURSE_USE_GPU, auto: GPUs when the cluster "
+                             "has any)")
+    args = parser.parse_args(argv)
+    if (args.num_workers is not None and args.num_workers < 1) or args.epochs < 1:
+        parser.error("--num-workers and --epochs must be at least 1")
+    return args
+
+
+#: train_streaming.py's default size in GB (GiB), and its smoke test's (COURSE_SMOKE_TEST=1), without --data-size-gb.
+DEFAULT_SIZE_GB = 1.0
+SMOKE_SIZE_GB = 0.01
+
+
+def parse_streaming_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """`--data-size-gb --num-epochs --num-workers --smoke-test --storage-path --json`, defaulting to the configuration.
+
+    `--data-size-gb` is None when not given: `requested_size_gb` picks 1 GB, or 0.01 GB in smoke mode.
+    """
+    parser = course_parser(description, "the dataset and the run",
+                           f"a tiny dataset ({SMOKE_SIZE_GB:g} GB) unless --data-size-gb is given (CI)")
+    parser.add_argument("--data-size-gb", type=float, default=None,
+                        help=f"GB (GiB) of images to write and stream (default {DEFAULT_SIZE_GB:g}, "
+                             f"{SMOKE_SIZE_GB:g} with --smoke-test)")
+    parser.add_argument("--num-epochs", type=int, default=2, help="passes over the whole dataset")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the report to this JSON file")
+    args = parser.parse_args(argv)
+    if args.data_size_gb is not None and not args.data_size_gb > 0:  # `not >` also refuses nan
+        parser.error(f"--data-size-gb must be more than 0, got {args.data_size_gb:g}")
+    if args.num_epochs < 1:
+        parser.error(f"--num-epochs must be at least 1, got {args.num_epochs}")
+    if args.num_workers is not None and args.num_workers < 1:
+        parser.error(f"--num-workers must be at least 1, got {args.num_workers}")
+    return args
+
+
+def requested_size_gb(args: argparse.Namespace) -> float:
+    """The dataset's size in GB: `--data-size-gb` when given, else 0.01 in smoke mode and 1 otherwise."""
+    if args.data_size_gb is not None:
+        return float(args.data_size_gb)
+    return SMOKE_SIZE_GB if args.smoke_test else DEFAULT_SIZE_GB
+
+
+def print_result(result: Result) -> None:
+    """Print the run's final metrics, its checkpoint and the nodes its workers ran on."""
+    metrics = result.metrics
+    print(f"test_acc={metrics['test_acc']:.4f} test_loss={metrics['test_loss']:.4f} "
+          f"images_per_s={metrics['images_per_s']:.0f}")
+    print(f"checkpoint: {uri(result.checkpoint.path, result.checkpoint.filesystem)}")  # s3://... on S3
+    nodes = read_history(result).iloc[-1]["worker_nodes"]  # one node id per rank, from MetricsHistory
+    print(f"workers ran on {len(set(nodes))} node(s): {', '.join(node[:8] for node in nodes)}")
+
+
+#: The course's own errors: each says what to change, so a script prints it without a traceback.
+COURSE_ERRORS = (ConfigError, DataNotFoundError, ResourceRequestError, StoragePathError)
+
+
+def _course_error(error: BaseException) -> BaseException | None:
+    """`error` if it is one of the course's errors, or the first one a Ray Train worker raised; else None."""
+    if isinstance(error, COURSE_ERRORS):
+        return error
+    if isinstance(error, WorkerGroupError):  # `worker_failures`: what each failed worker raised, by rank
+        for failure in error.worker_failures.values():
+            if isinstance(failure, COURSE_ERRORS):
+                return failure
+    return None
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """Run a script's `main()`: the course's own errors as one line (no traceback), also when a Ray Train worker
+    raised them (e.g. a node without the data); Ray shut down always."""
+    try:
+        main()
+    except (*COURSE_ERRORS, WorkerGroupError) as error:
+        if (cause := _course_error(error)) is None:
+            raise
+        raise SystemExit(f"error: {cause}") from None
+    finally:
+        ray.shutdown()
