@@ -1,14 +1,19 @@
-"""The nbval filter in the root conftest.py: Ray's forwarded log lines leave the comparison, and those that
-report an error fail the cell unless the cell expects them (`# NBVAL_RAY_ERRORS_EXPECTED: <regex>`).
+"""The nbval plugin tests/plugins/nbval_ray.py: Ray's forwarded log lines leave the comparison, and those that
+report an error fail the cell unless the cell's metadata expects them (`testing.ray_errors_expected`).
 
 The forwarded lines below are copied from the committed outputs of the lessons."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import nbformat
 import pytest
-from conftest import check_ray_errors, drop_ray_log_lines, expected_ray_errors, ray_error_lines
 from nbval.plugin import NbCellError
+
+from helpers.config import REPO_ROOT
+from tests.plugins.nbval_ray import check_ray_errors, drop_ray_log_lines, expected_errors, ray_error_lines
 
 #: Benign lines, several logged at level E, that must neither be compared nor fail a cell.
 BENIGN = (
@@ -52,11 +57,10 @@ TIMEOUT = (
     "\x1b[36m(RayTrainWorker pid=5447)\x1b[0m TimeoutError\n"
 )
 
-EXPECTS_INJECTED = (
-    "# NBVAL_RAY_ERRORS_EXPECTED: Traceback|InjectedFailure|Error in training function\n"
-    "# NBVAL_RAY_ERRORS_EXPECTED: Training failed due to worker errors|Error Snippet\n"
-    "result = trainer.fit()\n"
-)
+#: A cell's `testing.ray_errors_expected`, as lesson 05's injected failure lists them.
+EXPECTS_INJECTED = ["Traceback", "InjectedFailure", "Error in training function",
+                    "Training failed due to worker errors", "Error Snippet"]
+FIT = "result = trainer.fit()\n"
 
 
 def _stream(name: str, text: str):
@@ -97,29 +101,25 @@ def test_the_kernels_own_error_text_is_not_this_checks_business():
     check_ray_errors(1, "", [_stream("stdout", "ValueError: shown on purpose by the lesson\n")])
 
 
-def test_expected_errors_pass_with_the_marker():
-    check_ray_errors(9, EXPECTS_INJECTED, [_stream("stderr", BENIGN + WORKER_FAILURE)])
+def test_expected_errors_pass_with_the_metadata():
+    check_ray_errors(9, FIT, [_stream("stderr", BENIGN + WORKER_FAILURE)], EXPECTS_INJECTED)
 
 
-def test_a_marker_for_another_error_does_not_allow_this_one():
+def test_expecting_another_error_does_not_allow_this_one():
     with pytest.raises(NbCellError) as failure:
-        check_ray_errors(9, EXPECTS_INJECTED, [_stream("stderr", WORKER_FAILURE + TIMEOUT)])
+        check_ray_errors(9, FIT, [_stream("stderr", WORKER_FAILURE + TIMEOUT)], EXPECTS_INJECTED)
     report = failure.value.inner_traceback
     assert "BroadcastCollectiveTimeoutError" in report and "TimeoutError" in report
     assert "InjectedFailure" not in report  # the expected lines are not reported
 
 
-def test_the_marker_must_cover_every_error_line():
-    only_the_exception = "# NBVAL_RAY_ERRORS_EXPECTED: InjectedFailure\n"
-    lines = ray_error_lines([_stream("stderr", WORKER_FAILURE)], expected_ray_errors(only_the_exception))
+def test_the_expected_regexes_must_cover_every_error_line():
+    lines = ray_error_lines([_stream("stderr", WORKER_FAILURE)], expected_errors(["InjectedFailure"]))
     assert any("Traceback (most recent call last):" in line for line in lines)
     assert not any("InjectedFailure" in line for line in lines)
 
 
-def test_nbval_runs_the_check_for_every_cell_and_a_killed_worker_counts():
-    from nbval.plugin import IPyNbCell
-
-    assert IPyNbCell.runtest.__name__ == "_runtest_checking_ray_errors"  # compared or not, every run cell
+def test_a_killed_worker_counts_as_an_error():
     died = "\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an unexpected system error.\n"
     assert ray_error_lines([_stream("stderr", died)]) == [died.replace("\x1b[33m", "").replace("\x1b[0m", "").rstrip()]
 
@@ -181,3 +181,39 @@ def test_a_split_coordinator_shut_down_by_ray_train_passes_and_nothing_else_of_i
         "(SplitCoordinator pid=1958) Traceback (most recent call last):"]
     worker_exit = "\x1b[36m(RayTrainWorker pid=557)\x1b[0m SystemExit: 1\n"
     assert ray_error_lines([_stream("stderr", worker_exit)]) == ["(RayTrainWorker pid=557) SystemExit: 1"]
+
+
+def _forwarding_notebook(expected: list[str] | None) -> nbformat.NotebookNode:
+    """Three cells as nbval sees them in a lesson: the recording holds only the kernel's own output, and the run also
+    prints lines as Ray forwards them: a benign one in the first cell, a worker's traceback in the last. `expected`:
+    what the middle cell's metadata allows (an allowance also covers the cells after it)."""
+    printer = 'import sys\nprint("(RayTrainWorker pid=7) {}", file=sys.stderr)\nprint("hello")'
+    cells = [
+        nbformat.v4.new_code_cell(printer.format("Moving model to device: cpu")),
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell(printer.format("Traceback (most recent call last):")),
+    ]
+    for count, cell in enumerate(cells, start=1):
+        cell.execution_count = count
+        if "hello" in cell.source:
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n")]
+    if expected is not None:
+        cells[1].metadata["testing"] = {"ray_errors_expected": expected, "ray_errors_because": "on purpose"}
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize(("expected", "passes"), [(None, False), (["Traceback"], True), (["InjectedFailure"], False)])
+def test_nbval_with_the_plugin_drops_ray_lines_and_fails_on_unexpected_errors(tmp_path, expected, passes):
+    path = tmp_path / "forwarded.ipynb"
+    nbformat.write(_forwarding_notebook(expected), path)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-p", "tests.plugins.nbval_ray",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", "/dev/null", str(path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    # Cells 0 and 1 pass either way: the forwarded line leaves the comparison; only cell 2's error is at stake.
+    assert ("3 passed" in run.stdout) == passes, run.stdout[-3000:]
+    if not passes:
+        assert "1 failed, 2 passed" in run.stdout and "Ray reported errors from other processes" in run.stdout
+        assert "(RayTrainWorker pid=7) Traceback (most recent call last):" in run.stdout

@@ -11,7 +11,18 @@ import pytest
 from helpers.config import REPO_ROOT
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-MARKERS = ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION")
+#: nbval's tags, each with the key of `metadata.testing` that must say why the cell carries it.
+TAG_REASONS = {
+    "nbval-ignore-output": "ignore_output_because",
+    "nbval-skip": "skip_because",
+    "raises-exception": "raises_because",
+    "nbval-raises-exception": "raises_because",
+}
+#: The course's own rule (tests/plugins/nbval_ray.py): the regexes a cell's Ray error lines may match, and why.
+RAY_ERRORS, RAY_ERRORS_REASON = "ray_errors_expected", "ray_errors_because"
+#: Every key `metadata.testing` may hold; anything else is a typo that would silently do nothing.
+TESTING_KEYS = {*TAG_REASONS.values(), RAY_ERRORS, RAY_ERRORS_REASON}
+MIN_REASON = 10  # characters: a reason, not a placeholder
 SETUP_CELLS = ("from helpers import setup\n\ncfg = setup()", "from helpers import setup\n\ncfg = setup(start=False)")
 
 
@@ -59,13 +70,84 @@ def test_committed_with_real_outputs_and_no_hacks(path):
             assert hack not in _source(cell)
 
 
+def _testing(cell: dict) -> dict:
+    testing = cell.get("metadata", {}).get("testing", {})
+    return testing if isinstance(testing, dict) else {}  # not an object: test_testing_metadata_holds_only_known_keys
+
+
+def _is_reason(value) -> bool:
+    return isinstance(value, str) and len(value.strip()) >= MIN_REASON
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_every_nbval_marker_gives_a_visible_reason(path):
-    for cell in _cells(path):
-        lines = _source(cell).splitlines()
-        for i, line in enumerate(lines):
-            if line.strip().lstrip("#").strip() in MARKERS:
-                reason = lines[i + 1].strip() if i + 1 < len(lines) else ""
-                assert reason.startswith("# (") and len(reason) > 20, f"{line.strip()} needs a reason on the next line"
-        assert not set(cell.get("metadata", {}).get("tags", [])) & {"nbval-skip", "nbval-ignore-output"}, (
-            "use a visible comment marker with a reason, not a hidden tag")
+def test_no_test_marker_in_the_code(path):
+    # Learners read the code: nbval's markers and the course's own live in the cell's metadata instead.
+    found = [
+        f"{path.name} cell {index}: {line.strip()!r}"
+        for index, cell in enumerate(_cells(path))
+        if cell["cell_type"] == "code"
+        for line in _source(cell).splitlines()
+        if "nbval" in line.lower()
+    ]
+    assert not found, "move these markers into the cell's metadata (tags and metadata.testing):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_test_tag_gives_its_reason(path):
+    problems = []
+    for index, cell in enumerate(_cells(path)):
+        tags = cell.get("metadata", {}).get("tags", [])
+        testing = _testing(cell)
+        for tag in tags:
+            key = TAG_REASONS.get(tag)
+            if key and not _is_reason(testing.get(key)):
+                problems.append(
+                    f"{path.name} cell {index}: tag {tag!r} needs metadata.testing.{key}, "
+                    f'a reason of at least {MIN_REASON} characters (e.g. "timings differ from run to run")'
+                )
+        for key in set(TAG_REASONS.values()) & set(testing):
+            if not any(TAG_REASONS.get(tag) == key for tag in tags):
+                wanted = " or ".join(repr(tag) for tag, k in TAG_REASONS.items() if k == key)
+                problems.append(f"{path.name} cell {index}: metadata.testing.{key} without the tag {wanted}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_expected_ray_errors_are_regexes_with_a_reason(path):
+    problems = []
+    for index, cell in enumerate(_cells(path)):
+        testing = _testing(cell)
+        if RAY_ERRORS not in testing and RAY_ERRORS_REASON not in testing:
+            continue
+        where = f"{path.name} cell {index}"
+        patterns = testing.get(RAY_ERRORS)
+        if not (isinstance(patterns, list) and patterns and all(isinstance(p, str) and p for p in patterns)):
+            problems.append(f"{where}: metadata.testing.{RAY_ERRORS} must be a non-empty list of regex strings")
+        else:
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as error:
+                    problems.append(f"{where}: metadata.testing.{RAY_ERRORS} holds {pattern!r}, not a regex: {error}")
+        if not _is_reason(testing.get(RAY_ERRORS_REASON)):
+            problems.append(
+                f"{where}: metadata.testing.{RAY_ERRORS} needs metadata.testing.{RAY_ERRORS_REASON}, "
+                f'a reason of at least {MIN_REASON} characters (e.g. "the failure is injected on purpose")'
+            )
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_testing_metadata_holds_only_known_keys(path):
+    problems = []
+    for index, cell in enumerate(_cells(path)):
+        testing = cell.get("metadata", {}).get("testing")
+        if testing is None:
+            continue
+        if not isinstance(testing, dict):
+            problems.append(f"{path.name} cell {index}: metadata.testing must be an object")
+            continue
+        known = ", ".join(sorted(TESTING_KEYS))
+        for key in sorted(set(testing) - TESTING_KEYS):
+            problems.append(f"{path.name} cell {index}: unknown key metadata.testing.{key} (known: {known})")
+    assert not problems, "\n".join(problems)

@@ -18,7 +18,6 @@ from helpers.results import (
     read_history,
     run_path,
 )
-from s3_server import s3_path, s3_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import pytest
 
 from helpers import storage
 from helpers.runs import load_summary, new_run_dir, save_summary
-from s3_server import s3_path, s3_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(params=["local", "s3"])

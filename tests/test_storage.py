@@ -30,7 +30,6 @@ from helpers.storage import (
     uri,
     write_text,
 )
-from s3_server import s3_path, s3_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(params=["local", "s3"])
