@@ -1,6 +1,8 @@
 # Two commands do all the set-up from a fresh clone:
 #   make lab   - virtualenv + pinned dependencies + helpers, then JupyterLab on notebooks/ (127.0.0.1)
-#   make test  - the same set-up, then the whole suite (strict nbval over notebooks/ plus tests/)
+#   make test  - the same set-up, then the linter and the whole suite (strict nbval over notebooks/ plus tests/)
+# While you edit:
+#   make test-fast - the linter and the tests that start no Ray and no kernel (a few minutes)
 #   make record NOTEBOOK=...  - re-run a notebook top to bottom and keep its outputs
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +13,7 @@ LAB_PORT ?= 8888
 # JupyterLab refuses to run as root (as in containers) unless told to.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab test record clean
+.PHONY: install lab lint test-fast test record clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +27,13 @@ install: $(STAMP)
 lab: install
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
 
-test: install
+lint: install
+	$(BIN)/ruff check .
+
+test-fast: lint
+	$(BIN)/python -m pytest tests -m "not ray and not notebook" $(PYTEST_ARGS)
+
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Re-record a notebook's committed outputs: one top-to-bottom run, in the current (full) mode.

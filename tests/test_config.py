@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 import pytest
 

@@ -14,8 +14,15 @@ from ray.train import ScalingConfig
 from helpers import storage
 from helpers.cluster import Capacity, ResourceRequestError, check_data_resources, plan_workers
 from helpers.data import load_mnist
-from helpers.ingest import (NUM_BLOCKS, SMOKE_ROWS, mnist_datasets, normalize_batch, prepare_ray_data_training,
-                            transform_row, write_mnist_parquet)
+from helpers.ingest import (
+    NUM_BLOCKS,
+    SMOKE_ROWS,
+    mnist_datasets,
+    normalize_batch,
+    prepare_ray_data_training,
+    transform_row,
+    write_mnist_parquet,
+)
 
 LAPTOP = Capacity([{"CPU": 2.0}])
 

@@ -111,6 +111,7 @@ def lab(tmp_path):
         log.close()
 
 
+@pytest.mark.notebook  # JupyterLab and a kernel
 def test_lab_serves_the_notebooks_and_runs_a_kernel_that_imports_helpers(lab):
     base, token = lab
     assert _request(f"{base}/api/contents")[0] == 403, "the API must require the token"

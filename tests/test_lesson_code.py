@@ -49,6 +49,7 @@ def test_the_notebook_cell_and_the_helpers_copy_are_the_same_code(notebook, name
 
 
 def test_the_comparison_sees_a_changed_line(tmp_path):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import x\n\n\ndef f(a):\n    return a + 1\n")])
+    cell = nbformat.v4.new_code_cell("import x\n\n\ndef f(a):\n    return a + 1\n")
+    notebook = nbformat.v4.new_notebook(cells=[cell])
     nbformat.write(notebook, tmp_path / "n.ipynb")
     assert notebook_functions(tmp_path / "n.ipynb") == {"f": ["def f(a):\n    return a + 1"]}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tomllib
-
 import yaml
 
 from helpers.config import REPO_ROOT
@@ -51,7 +50,8 @@ def test_importing_ray_does_not_build_the_rfc3987_grammar():
     import sys
 
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, ray; print(sorted(m for m in sys.modules if m.startswith(('rfc3987', 'lark'))))"],
+        [sys.executable, "-c",
+         "import sys, ray; print(sorted(m for m in sys.modules if m.startswith(('rfc3987', 'lark'))))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert loaded == "[]", f"`import ray` loads {loaded}: is jsonschema pinned as in pyproject.toml?"
