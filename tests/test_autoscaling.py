@@ -1,8 +1,8 @@
 """The course on an autoscaling Ray cluster that starts with no worker node, as Anyscale's worker groups do.
 
-A real Ray autoscaler runs on the head with Ray's fake multi-node provider (helpers.local_cluster): it adds a real
-raylet on this machine for each node a request needs. Ray's own autoscaler does not report its node types, so the
-course knows only that the cluster can grow; Anyscale's reports them in Ray's cluster config, which a test writes
+A real Ray autoscaler runs on the head with Ray's fake multi-node provider (helpers.tooling.local_cluster): it adds
+a real raylet on this machine for each node a request needs. Ray's own autoscaler does not report its node types, so
+the course knows only that the cluster can grow; Anyscale's reports them in Ray's cluster config, which a test writes
 the way it does.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from helpers.config import REPO_ROOT
-from helpers.local_cluster import LocalCluster, fake_autoscaling_config
+from helpers.tooling.local_cluster import LocalCluster, fake_autoscaling_config
 
 NODE_TYPES = {"cpu_node": {"resources": {"CPU": 2}, "max_workers": 2},
               "gpu_node": {"resources": {"CPU": 4, "GPU": 1}, "max_workers": 1}}
@@ -30,23 +30,17 @@ from ray.train import ScalingConfig
 from helpers import setup
 from helpers.cluster import ResourceRequestError, check_resources, course_scaling_config
 
-if os.environ.get("REPORT_NODE_TYPES"):  # what Anyscale's autoscaler reports to Ray (ray/_private/state.py)
-    from ray.core.generated import autoscaler_pb2
-    from ray._raylet import GCS_AUTOSCALER_CLUSTER_CONFIG_KEY, GCS_AUTOSCALER_STATE_NAMESPACE
-    from ray.experimental.internal_kv import _internal_kv_put
+if os.environ.get("REPORT_NODE_TYPES"):  # what Anyscale's autoscaler reports to Ray
     from helpers.session import send_token_if_given
+    from helpers.tooling.ray_internals import report_node_groups
     send_token_if_given()
     ray.init()
-    config = autoscaler_pb2.ClusterConfig(node_group_configs=[
-        autoscaler_pb2.NodeGroupConfig(name=name, resources=spec["resources"], min_count=0,
-                                       max_count=spec["max_workers"])
-        for name, spec in json.loads(os.environ["REPORT_NODE_TYPES"]).items()])
-    _internal_kv_put(GCS_AUTOSCALER_CLUSTER_CONFIG_KEY, config.SerializeToString(), overwrite=True,
-                     namespace=GCS_AUTOSCALER_STATE_NAMESPACE)
+    report_node_groups([{"name": name, "resources": spec["resources"], "min_count": 0, "max_count": spec["max_workers"]}
+                        for name, spec in json.loads(os.environ["REPORT_NODE_TYPES"]).items()])
 cfg = setup()
 outcomes = {}
-for name, request in [("default", course_scaling_config(cfg)),
-                      *([("asked", ScalingConfig(**json.loads(os.environ["REQUEST"])))] if "REQUEST" in os.environ else [])]:
+asked = [("asked", ScalingConfig(**json.loads(os.environ["REQUEST"])))] if "REQUEST" in os.environ else []
+for name, request in [("default", course_scaling_config(cfg)), *asked]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -92,10 +86,10 @@ def test_setup_sees_a_cluster_that_can_grow_and_the_preflight_waits_instead_of_f
     assert result["asked"].startswith("waits: The cluster has room for 0 of the 1 workers x (1 GPU) now")
 
 
-def test_a_training_run_waits_for_the_node_the_autoscaler_adds(autoscaling):
+def test_a_training_run_waits_for_the_node_the_autoscaler_adds(autoscaling, small_mnist):
     # Lesson 02's script with 1 worker: sized for a node that does not exist yet, trained on the one that came.
     done = run(autoscaling, str(REPO_ROOT / "notebooks" / "train_ray_ddp.py"), "--num-workers", "1", "--epochs", "1",
-               "--smoke-test", "--no-use-gpu", timeout_s=600)
+               "--smoke-test", "--no-use-gpu", timeout_s=600, COURSE_DATA_DIR=small_mnist)
     assert "ResourceWaitWarning: The cluster has room for 0 of the 1 workers x (1 CPU) now" in done.stderr
     assert "test_acc=" in done.stdout and "workers ran on 1 node(s)" in done.stdout
 

@@ -1,7 +1,8 @@
-"""Lesson 05's claims, proven on real runs: after a failure the run resumes at the failed epoch on the restored
-weights and optimizer state, and ends with exactly the metrics of the same run without a failure; a loop that
-forgets the optimizer restore does not. (Lesson 05 itself, under nbval, recovers a worker process killed with
-SIGKILL and asserts the same metrics, and continues an interrupted run under its name.)
+"""Lesson 05's claims, proven on real runs: after an injected failure the run resumes at the failed epoch, loses and
+repeats no epoch, and its checkpoint carries the optimizer state; a loop that forgets the optimizer restore ends
+with other metrics than the same run with the restore, so the comparison sees what the restore does. (Lesson 05
+itself, under nbval, asserts that the resumed run ends with exactly the metrics of lesson 03's run without a failure,
+recovers a worker process killed with SIGKILL to the same metrics, and continues an interrupted run under its name.)
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import torch
 from ray.train import FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
 
+from helpers import fault_tolerance
 from helpers.cluster import course_scaling_config
 from helpers.config import load_config
-from helpers import fault_tolerance
 from helpers.fault_tolerance import train_loop_per_worker
 from helpers.ingest import mnist_datasets
 from helpers.results import MetricsHistory, read_history
@@ -71,31 +72,26 @@ def _events(history) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def reference(runs) -> list[dict]:
-    """The per-epoch metrics of the run without a failure."""
-    metrics = epoch_metrics(fit(*runs, name="no-failure"))
-    assert len(metrics) == NUM_EPOCHS
-    return metrics
+def resumed(runs):
+    """The Result of lesson 05's run: rank 1 fails at epoch 1, step 2, and the run restarts once."""
+    return fit(*runs, name="worker-failure", fail_at=(1, 2, 1), max_failures=1)
 
 
-def test_an_injected_failure_resumes_on_the_restored_state(runs, reference):
-    result = fit(*runs, name="worker-failure", fail_at=(1, 2, 1), max_failures=1)
-    history = read_history(result.path)
+def test_an_injected_failure_resumes_on_the_restored_state(resumed):
+    history = read_history(resumed.path)
     # Epoch 0 once; the failure in epoch 1; epoch 1 once, by workers that started at epoch 1. None lost, none repeated.
     assert _events(history) == [("report", 0, 0), ("failure", None, None), ("report", 1, 1)]
     failure = history[history["event"] == "failure"].iloc[0]
     assert failure["rank"] == 1 and "InjectedFailure" in failure["error"] and "epoch 1, step 2" in failure["error"]
-    # Same weights, same Adam state, same shuffled order: the repeated epoch and the next are exactly the reference's.
-    assert epoch_metrics(result) == reference
-    with result.checkpoint.as_directory() as checkpoint_dir:
+    with resumed.checkpoint.as_directory() as checkpoint_dir:
         state = torch.load(Path(checkpoint_dir) / "train_state.pt", map_location="cpu")
     assert state["epoch"] == NUM_EPOCHS - 1 and state["optimizer"]["state"], "optimizer state missing"
 
 
-def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(runs, reference):
+def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(runs, resumed):
     line = "optimizer.load_state_dict(optimizer_state)"  # Adam's running averages start again from zero
     result = fit(*runs, name="forgets-optimizer", fail_at=(1, 2, 1), max_failures=1, loop=without(line))
-    resumed = epoch_metrics(result)
-    assert resumed[0] == reference[0], "epoch 0 ran before the failure: it must match"
-    assert resumed[1]["train_loss"] != pytest.approx(reference[1]["train_loss"], rel=1e-3), \
+    forgetful, reference = epoch_metrics(result), epoch_metrics(resumed)
+    assert forgetful[0] == reference[0], "epoch 0 ran before the failure: it must match"
+    assert forgetful[1]["train_loss"] != pytest.approx(reference[1]["train_loss"], rel=1e-3), \
         f"without `{line}` the resumed epoch still matches: the comparison cannot see the restore"

@@ -1,4 +1,4 @@
-"""Ray Jobs against a real cluster on this machine (helpers.local_cluster), as lesson 07 uses it: a head with no
+"""Ray Jobs against a real cluster on this machine (helpers.tooling.local_cluster), as lesson 07 uses it: a head with no
 CPUs, one worker node, token auth on, the dashboard and its Jobs API on loopback.
 
 Lesson 02's script is submitted for real through the REST API with `requests`, in smoke mode, with packages the
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import subprocess
 import time
 import zipfile
@@ -24,11 +23,11 @@ import psutil
 import pytest
 import requests
 from ray.job_submission import JobStatus, JobSubmissionClient
-from test_multinode import assert_stopped, clean_env
 
 from helpers.config import REPO_ROOT
-from helpers.local_cluster import RAY_CLI, LocalCluster
 from helpers.session import runtime_env
+from helpers.tooling.local_cluster import RAY_CLI, LocalCluster
+from tests.test_multinode import assert_stopped, clean_env
 
 #: A training job of one worker on one CPU.
 TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
@@ -52,10 +51,9 @@ def client(cluster: LocalCluster, auth: dict[str, str]) -> JobSubmissionClient:
 
 
 @pytest.fixture(scope="module")
-def job_env(tmp_path_factory) -> dict[str, str]:
+def job_env(tmp_path_factory, small_mnist) -> dict[str, str]:
     """What a job needs that the cluster lacks: the storage path (outside the job's copy), the data, smoke mode."""
-    return {"COURSE_STORAGE_PATH": str(tmp_path_factory.mktemp("job-storage")),
-            "COURSE_DATA_DIR": os.environ.get("COURSE_DATA_DIR", str(REPO_ROOT / "data")),
+    return {"COURSE_STORAGE_PATH": str(tmp_path_factory.mktemp("job-storage")), "COURSE_DATA_DIR": small_mnist,
             "COURSE_SMOKE_TEST": "1", "COURSE_CPUS_PER_WORKER": "1", "PYTHONUNBUFFERED": "1"}
 
 
@@ -123,7 +121,8 @@ def test_the_jobs_api_answers_only_with_the_token(cluster: LocalCluster, auth: d
 def test_the_cli_sends_the_token_only_with_ray_auth_mode(cluster: LocalCluster) -> None:
     refused = cli(cluster, "list", token=False)
     assert refused.returncode != 0
-    assert "Missing authentication token" in refused.stderr and "RAY_AUTH_MODE is currently 'disabled'" in refused.stderr
+    assert "Missing authentication token" in refused.stderr
+    assert "RAY_AUTH_MODE is currently 'disabled'" in refused.stderr
     listed = cli(cluster, "list")
     assert listed.returncode == 0, listed.stderr
 
@@ -134,7 +133,8 @@ def test_a_training_job_succeeds_and_leaves_its_checkpoint_on_storage(
     logs = client.get_job_logs(training_job)
     assert status == JobStatus.SUCCEEDED, logs[-3000:]
     summary = [line for line in logs.splitlines() if line.startswith(("test_acc=", "checkpoint: ", "workers ran"))]
-    assert [line.split("=")[0].split(":")[0] for line in summary] == ["test_acc", "checkpoint", "workers ran on 1 node(s)"]
+    heads = [line.split("=")[0].split(":")[0] for line in summary]
+    assert heads == ["test_acc", "checkpoint", "workers ran on 1 node(s)"]
     checkpoint = Path(summary[1].removeprefix("checkpoint: "))
     assert checkpoint.is_relative_to(job_env["COURSE_STORAGE_PATH"]), "the checkpoint must be on the storage path"
     assert any(checkpoint.iterdir()), "the checkpoint folder is empty"
