@@ -151,3 +151,46 @@ def test_testing_metadata_holds_only_known_keys(path):
         for key in sorted(set(testing) - TESTING_KEYS):
             problems.append(f"{path.name} cell {index}: unknown key metadata.testing.{key} (known: {known})")
     assert not problems, "\n".join(problems)
+
+
+#: A check call of helpers.exercises: `check("2", ...)`, and whether it is strict.
+CHECK_CALL = re.compile(r"\bcheck\(\s*[\"']([^\"']+)[\"']")
+
+
+def exercise_problems(cells: list[dict]) -> list[str]:
+    """What is wrong with a notebook's exercises (helpers.exercises): every solution cell is collapsed, ends with a
+    strict check, and follows a check of the same exercise that the learner runs first."""
+    problems, checked = [], set()
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        source = _source(cell)
+        calls = CHECK_CALL.findall(source)
+        if "solution" not in cell.get("metadata", {}).get("tags", []):
+            checked.update(calls)
+            continue
+        if not cell["metadata"].get("jupyter", {}).get("source_hidden"):
+            problems.append(f"cell {index}: a solution is collapsed (metadata jupyter.source_hidden: true)")
+        if not calls or "strict=True" not in source:
+            problems.append(f"cell {index}: a solution ends with its exercise's check(..., strict=True)")
+        problems += [f"cell {index}: exercise {name}'s solution comes before the learner's check(\"{name}\", ...)"
+                     for name in calls if name not in checked]
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_exercise_solutions_are_collapsed_and_prove_their_check(path):
+    assert exercise_problems(_cells(path)) == [], path.name
+
+
+def test_the_exercise_rule_finds_each_mistake():
+    def code(source: str, solution: bool = False, hidden: bool = True) -> dict:
+        metadata = {"tags": ["solution"], "jupyter": {"source_hidden": hidden}} if solution else {}
+        return {"cell_type": "code", "source": source, "metadata": metadata}
+
+    learner, check = code("answer = ..."), code('check("1", {"x": lambda: answer == 1})')
+    solution = code('answer = 1\ncheck("1", {"x": lambda: answer == 1}, strict=True)', solution=True)
+    assert exercise_problems([learner, check, solution]) == []
+    assert "collapsed" in exercise_problems([check, {**solution, "metadata": {"tags": ["solution"]}}])[0]
+    assert "strict=True" in exercise_problems([check, code('check("1", {})', solution=True)])[0]
+    assert "comes before" in exercise_problems([solution, check])[0]

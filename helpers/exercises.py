@@ -1,0 +1,43 @@
+"""Exercises with feedback: a check the learner runs, and a worked solution they can reveal.
+
+An exercise in a lesson is three code cells after its task (a numbered item under "## Exercises"):
+1. the learner's cell, with `...` where their code goes;
+2. the check: `check("1", {"what must hold": lambda: ..., ...})`. It prints "✓ Exercise 1 passes" with what
+   held, or "✗ Exercise 1, not yet:" with what does not hold, and never raises, so it also runs, and says what to do,
+   before the learner has written anything;
+3. the solution, collapsed (cell metadata `"jupyter": {"source_hidden": true}`) and tagged "solution": the worked
+   answer, ending with the same check and `strict=True`, which raises when the solution does not pass. Running the
+   notebook top to bottom so proves every solution against its check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+
+class ExerciseNotPassed(AssertionError):
+    """A check run with `strict=True` found an expectation that does not hold."""
+
+
+def _holds(expectation: Callable[[], object]) -> tuple[bool, str]:
+    """Whether `expectation()` is true, and why not: an exception (an unfinished `...`, a missing name) counts as no."""
+    try:
+        return bool(expectation()), ""
+    except Exception as error:  # the learner's code is not there yet, or is wrong: say so, do not stop the notebook
+        return False, f" ({type(error).__name__}: {error})"
+
+
+def check(exercise: str, expectations: Mapping[str, Callable[[], object]], strict: bool = False) -> bool:
+    """Print whether `exercise` passes: each key says what must hold, its value tests it. True when all hold."""
+    if not expectations:
+        raise ValueError("a check needs at least one expectation")
+    results = {what: _holds(test) for what, test in expectations.items()}
+    failed = [f"  - {what}{why}" for what, (held, why) in results.items() if not held]
+    if failed:
+        message = f"✗ Exercise {exercise}, not yet:\n" + "\n".join(failed)
+    else:
+        message = f"✓ Exercise {exercise} passes:\n" + "\n".join(f"  - {what}" for what in results)
+    print(message)
+    if strict and failed:
+        raise ExerciseNotPassed(message)
+    return not failed
