@@ -15,11 +15,15 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: install lab lint test-fast test record clean
 
-$(STAMP): pyproject.toml
+# JupyterLab's defaults for the course: no "get notified about Jupyter news?" prompt, no update check.
+LAB_OVERRIDES := deploy/jupyterlab/default_setting_overrides.json
+
+$(STAMP): pyproject.toml $(LAB_OVERRIDES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; assert (3, 10) <= sys.version_info[:2] < (3, 14), \
 		f"Python {sys.version.split()[0]} is not supported: use 3.10-3.13 (make PYTHON=python3.11 ...)"'
 	$(BIN)/python -m pip install --disable-pip-version-check -e ".[test]"
+	@mkdir -p $(VENV)/etc/jupyter/labconfig && cp $(LAB_OVERRIDES) $(VENV)/etc/jupyter/labconfig/
 	@touch $(STAMP)
 
 install: $(STAMP)

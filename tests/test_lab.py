@@ -133,3 +133,9 @@ def test_lab_serves_the_notebooks_and_runs_a_kernel_that_imports_helpers(lab):
 
     assert _request(f"{base}/api/sessions/{session['id']}?token={token}", method="DELETE")[0] == 204
     assert _request(f"{base}/api/kernels?token={token}")[1] == []
+
+    # The course's settings (deploy/jupyterlab/, installed by `make install`) change JupyterLab's defaults: no
+    # "get notified about Jupyter news?" prompt on the first screen, no update check.
+    status, settings = _request(f"{base}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}")
+    defaults = {name: spec.get("default") for name, spec in settings["schema"]["properties"].items()}
+    assert status == 200 and (defaults["fetchNews"], defaults["checkForUpdates"]) == ("false", False), defaults
