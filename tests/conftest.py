@@ -8,8 +8,9 @@
 - `mnist_parquet`: lesson 03's Parquet copy of MNIST in one folder for the session (about 13 s to write), written
   once; `write_mnist_parquet` finds it complete the next time.
 - `small_mnist`: a data dir holding the first 2,048 training and 1,024 test images of MNIST in torchvision's raw
-  layout, for the runs that test a path (S3, Ray Jobs, the autoscaler) rather than the lessons' numbers: lesson 02's
-  loop evaluates the whole test set on every worker, most of a smoke run's time with the real 10,000 images.
+  layout, for the runs that test a path (S3, Ray Jobs, the autoscaler, several nodes) rather than the lessons'
+  numbers: lesson 02's loop evaluates the whole test set on every worker, most of a smoke run's time with the real
+  10,000 images.
 - `s3_server`, `s3_path`: a real S3 API server on 127.0.0.1 (moto's server mode), for tests of `s3://` storage paths.
 """
 

@@ -199,11 +199,11 @@ print(json.dumps({"num_workers": cfg.num_workers, "use_gpu": cfg.use_gpu, "helpe
 
 
 @pytest.fixture(scope="module")
-def course_env(cluster: LocalCluster, tmp_path_factory) -> dict[str, str]:
+def course_env(cluster: LocalCluster, tmp_path_factory, small_mnist: str) -> dict[str, str]:
     """A driver's environment on the cluster: its address and token only, a storage path every node sees (on one
-    machine, any folder is shared), smoke mode."""
+    machine, any folder is shared), smoke mode, the small MNIST."""
     env = clean_env(**cluster.driver_env(), COURSE_STORAGE_PATH=str(tmp_path_factory.mktemp("shared-storage")),
-                    COURSE_SMOKE_TEST="1", PYTHONUNBUFFERED="1")
+                    COURSE_SMOKE_TEST="1", COURSE_DATA_DIR=small_mnist, PYTHONUNBUFFERED="1")
     for sizing in ("COURSE_NUM_WORKERS", "COURSE_USE_GPU", "COURSE_CPUS_PER_WORKER"):  # the defaults are under test
         env.pop(sizing, None)
     return env
