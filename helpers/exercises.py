@@ -2,7 +2,8 @@
 
 An exercise in a lesson is three code cells after its task (a numbered item under "## Exercises"):
 1. the learner's cell, with `...` where their code goes;
-2. the check: `check("1", {"what must hold": lambda: ..., ...})`. It prints "✓ Exercise 1 passes" with what
+2. the check: `check("1", {"what must hold": lambda: ..., ...})` (`expect_equal(value, expected)` inside a lambda
+   also shows what the value is when it differs). It prints "✓ Exercise 1 passes" with what
    held, or "✗ Exercise 1, not yet:" with what does not hold, and never raises, so it also runs, and says what to do,
    before the learner has written anything;
 3. the solution, collapsed (cell metadata `"jupyter": {"source_hidden": true}`) and tagged "solution": the worked
@@ -40,3 +41,10 @@ def check(exercise: str, expectations: Mapping[str, Callable[[], object]], stric
     print(message)
     if strict and failed:
         raise ExerciseNotPassed(message)
+
+
+def expect_equal(value: object, expected: object) -> bool:
+    """True when `value == expected`; otherwise an AssertionError whose message shows the value, for `check` to print."""
+    if value != expected:
+        raise AssertionError(f"got {value!r}")
+    return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.exercises import ExerciseNotPassed, check
+from helpers.exercises import ExerciseNotPassed, check, expect_equal
 
 
 def test_a_passing_check_says_so_and_lists_what_held(capsys):
@@ -34,3 +34,10 @@ def test_a_solution_that_does_not_pass_stops_the_notebook():
 def test_a_check_needs_an_expectation():
     with pytest.raises(ValueError):
         check("5", {})
+
+
+def test_expect_equal_shows_the_value_that_differs(capsys):
+    roots = [2.0, -1.0, 3.0]
+    check("6", {"roots is [2.0, None, 3.0]": lambda: expect_equal(roots, [2.0, None, 3.0])})
+    assert "  - roots is [2.0, None, 3.0] (AssertionError: got [2.0, -1.0, 3.0])" in capsys.readouterr().out
+    assert expect_equal([1], [1])
