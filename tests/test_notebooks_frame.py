@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from helpers.config import REPO_ROOT
+from tests.plugins.nbval_ray import EXPECTED as RAY_ERRORS
+from tests.plugins.nbval_ray import EXPECTED_BECAUSE as RAY_ERRORS_REASON
+from tests.plugins.nbval_ray import TESTING
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 #: nbval's tags, each with the key of `metadata.testing` that must say why the cell carries it.
@@ -18,8 +21,6 @@ TAG_REASONS = {
     "raises-exception": "raises_because",
     "nbval-raises-exception": "raises_because",
 }
-#: The course's own rule (tests/plugins/nbval_ray.py): the regexes a cell's Ray error lines may match, and why.
-RAY_ERRORS, RAY_ERRORS_REASON = "ray_errors_expected", "ray_errors_because"
 #: Every key `metadata.testing` may hold; anything else is a typo that would silently do nothing.
 TESTING_KEYS = {*TAG_REASONS.values(), RAY_ERRORS, RAY_ERRORS_REASON}
 MIN_REASON = 10  # characters: a reason, not a placeholder
@@ -71,7 +72,7 @@ def test_committed_with_real_outputs_and_no_hacks(path):
 
 
 def _testing(cell: dict) -> dict:
-    testing = cell.get("metadata", {}).get("testing", {})
+    testing = cell.get("metadata", {}).get(TESTING, {})
     return testing if isinstance(testing, dict) else {}  # not an object: test_testing_metadata_holds_only_known_keys
 
 
@@ -141,7 +142,7 @@ def test_expected_ray_errors_are_regexes_with_a_reason(path):
 def test_testing_metadata_holds_only_known_keys(path):
     problems = []
     for index, cell in enumerate(_cells(path)):
-        testing = cell.get("metadata", {}).get("testing")
+        testing = cell.get("metadata", {}).get(TESTING)
         if testing is None:
             continue
         if not isinstance(testing, dict):

@@ -15,9 +15,9 @@ from typing import Any
 import psutil
 import ray
 
+from helpers.streaming import MIB
 from helpers.tooling import ray_internals
 
-MIB = 2**20
 #: Kinds of process the samplers tell apart, by process title (Ray sets each worker's title to what it runs).
 DRIVER, TRAIN_WORKER, DATA = "driver", "train_worker", "data"
 #: A Ray Train worker: "ray::RayTrainWorker.run_train_fn" (ray::<actor class>.<method>, or just the class when idle).

@@ -40,9 +40,10 @@ from helpers.tooling.ray_internals import (
     RAY_LOG_PREFIX,
 )
 
-#: The cell-metadata key of the course's test settings, and the key that lists a cell's expected error regexes.
+#: The cell-metadata key of the course's test settings; in it, the list of a cell's expected error regexes and why.
 TESTING = "testing"
 EXPECTED = "ray_errors_expected"
+EXPECTED_BECAUSE = "ray_errors_because"
 
 
 def drop_ray_log_lines(outputs: list) -> list:
@@ -104,7 +105,7 @@ def check_ray_errors(cell_num: int, source: str, outputs: list, expected: Iterab
     if unexpected:
         hint = (
             "If the cell causes these errors on purpose, list regexes that match them in its metadata: "
-            f'"{TESTING}": {{"{EXPECTED}": [...], "ray_errors_because": "..."}}.'
+            f'"{TESTING}": {{"{EXPECTED}": [...], "{EXPECTED_BECAUSE}": "..."}}.'
         )
         raise NbCellError(
             cell_num,
