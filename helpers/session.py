@@ -29,6 +29,18 @@ _dashboard_url: str | None = None
 RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is deprecated:DeprecationWarning",)
 
 
+def quiet_worker_logs() -> None:
+    """Run by Ray in every worker process it starts: Ray Data's info lines stay in its log files.
+
+    Without it, each pass over a dataset shard prints "Starting execution of Dataset ...", its plan and
+    "execution finished" from the actor that splits it, every epoch. Warnings still reach the notebook.
+    """
+    import ray.data  # noqa: F401  (its import configures its loggers: set the levels after it)
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)  # "Progress bars disabled"
+
+
 def job_runtime_env() -> dict | None:
     """The runtime environment of the Ray job this process is the entrypoint of (`ray job submit`), else None."""
     job_config = ray_internals.submitted_job_config()
@@ -39,17 +51,20 @@ def runtime_env(cfg: CourseConfig) -> dict:
     """The Ray runtime environment every worker gets: the `helpers` package and the course settings.
 
     `py_modules` uploads `helpers` so it imports on every node of a real cluster;
-    a `sys.path` tweak would only reach the driver.
+    a `sys.path` tweak would only reach the driver. Each worker runs `quiet_worker_logs` as it starts.
     Inside a submitted job, what the job's own runtime env sets wins: `ray.init` refuses to merge two runtime
     envs that set the same field or the same variable, and the job's values are already this process's.
     """
     warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), *RAY_INTERNAL_WARNINGS]))
     ours = {"py_modules": [str(Path(helpers.__file__).parent)],
-            "env_vars": {**cfg.as_env(), "PYTHONWARNINGS": warning_filters}}
+            "env_vars": {**cfg.as_env(), "PYTHONWARNINGS": warning_filters},
+            "worker_process_setup_hook": f"{__name__}.{quiet_worker_logs.__name__}"}
     job = job_runtime_env()
     if job is None:
         return ours
     merged = {field: value for field, value in ours.items() if field not in job}
+    if "py_modules" not in merged:  # the hook imports `helpers`: only where this env ships it to the workers
+        merged.pop("worker_process_setup_hook", None)
     merged["env_vars"] = {name: value for name, value in ours["env_vars"].items() if name not in job.get("env_vars", {})}
     return merged
 
@@ -123,9 +138,12 @@ def start_ray(cfg: CourseConfig) -> float:
     # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
     context = ray.init(address=cfg.ray_address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
     _dashboard_url = context.dashboard_url or None
+    # Ray Train asks this actor for resources on every fit() and waits 5 s for its answer: started now, in the
+    # background, the first fit() of the session does not time out while it starts (see helpers.cluster).
+    ray_internals.autoscaling_coordinator()
     # From here on, Ray's warnings (not its info chatter) reach the notebook. Ray Data has its own
     # logger, and progress bars that change on every run: `ds.stats()` tells the same story after the fact.
-    import ray.data
+    import ray.data  # noqa: F401  (its import configures its loggers: set the levels after it)
 
     logging.getLogger("ray").setLevel(logging.WARNING)
     logging.getLogger("ray.data").setLevel(logging.WARNING)

@@ -19,12 +19,16 @@ def seed_everything(seed: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device | str) -> dict[str, float]:
-    """Mean cross-entropy loss and accuracy of `model` over every batch of `loader`."""
+def evaluate(
+    model: nn.Module, loader: DataLoader, device: torch.device | str, max_batches: int | None = None
+) -> dict[str, float]:
+    """Mean cross-entropy loss and accuracy of `model` over the batches of `loader` (the first `max_batches`)."""
     model.eval()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     total_loss, correct, count = 0.0, 0, 0
-    for images, labels in loader:
+    for step, (images, labels) in enumerate(loader):
+        if max_batches is not None and step >= max_batches:
+            break
         images, labels = images.to(device), labels.to(device)
         logits = model(images)
         total_loss += loss_fn(logits, labels).item()

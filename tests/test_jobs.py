@@ -181,10 +181,11 @@ def test_the_courses_runtime_env_leaves_the_jobs_own_settings_to_the_job(monkeyp
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": job}))
     ours = runtime_env(load_config({"COURSE_STORAGE_PATH": "/shared"}))
     assert "py_modules" not in ours and "working_dir" not in ours
+    assert "worker_process_setup_hook" not in ours, "the hook imports helpers, which only py_modules would ship"
     assert not set(ours["env_vars"]) & set(job["env_vars"]), "variables set twice make ray.init fail"
     assert "COURSE_DATA_DIR" in ours["env_vars"], "the settings the job does not set still reach the workers"
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    assert set(runtime_env(load_config({}))) == {"py_modules", "env_vars"}
+    assert set(runtime_env(load_config({}))) == {"py_modules", "env_vars", "worker_process_setup_hook"}
 
 
 def test_stopping_the_cluster_leaves_no_process(cluster: LocalCluster) -> None:

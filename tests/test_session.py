@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -55,9 +56,12 @@ def test_workers_get_helpers_and_the_settings_through_the_runtime_env(ray_setup)
         import helpers.config  # noqa: F401  (imports on the worker)
 
         py_modules = ray.get_runtime_context().runtime_env.get("py_modules", [])
-        return py_modules, {k: v for k, v in os.environ.items() if k.startswith(("COURSE_", "PYTHONWARNINGS"))}
+        env = {k: v for k, v in os.environ.items() if k.startswith(("COURSE_", "PYTHONWARNINGS"))}
+        return py_modules, env, logging.getLogger("ray.data").getEffectiveLevel()
 
-    py_modules, env = ray.get(inside_a_worker.remote())
+    py_modules, env, ray_data_level = ray.get(inside_a_worker.remote())
+    # The setup hook ran in the worker: Ray Data's info lines (one per dataset pass) stay in its log files.
+    assert ray_data_level == logging.WARNING
     # Ray's own deprecation warning about what Ray Train sets itself is filtered in every worker.
     assert "ignore:`ExecutionOptions.exclude_resources` is deprecated" in env.pop("PYTHONWARNINGS")
     # The package travels as an uploaded archive, so it imports on nodes without this checkout.
