@@ -1,7 +1,10 @@
 """Sizing a run for the cluster, and preflight checks that fail at once when it could never start.
 
-Ray keeps an unsatisfiable request pending (a node might join later), so `TorchTrainer.fit()` asking for
-64 workers on a 2-CPU laptop, or for a GPU on a CPU-only cluster, waits forever. Here:
+`TorchTrainer.fit()` asking for 64 workers on a 2-CPU laptop, or for a GPU on a CPU-only cluster, never returns:
+Ray Train (2.60) waits 60 s for the workers' resources (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), gives up with a
+logged WorkerGroupStartupTimeoutError, and tries again, without limit (FailureConfig's controller_failure_limit
+is -1), in case a node joins. It fails at once (InsufficientClusterResourcesError) only where Ray reports the
+autoscaler's node limits. Here:
 
 - `cluster_capacity` reads the nodes a run can use: the alive ones, and the node types an autoscaler can add;
 - `plan_workers` sizes the workers from the nodes that will host them (never from cluster totals), and
@@ -339,7 +342,8 @@ def check_data_resources(
 
 
 def start_autoscaling_coordinator() -> None:
-    """Start, without waiting, the actor Ray Train asks for resources on every `fit()`.
+    """Start, without waiting, the actor Ray Train asks for resources on every `fit()` (`setup()` and
+    `helpers.session.start_ray` already do it: this is for code that starts Ray some other way).
 
     Ray Train (2.60) sends its resource request to a detached `AutoscalingCoordinator` actor and
     waits 5 s for the answer. The first `fit()` in a Ray session also has to start that actor,

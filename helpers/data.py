@@ -30,7 +30,7 @@ class DataNotFoundError(FileNotFoundError):
 
 
 def mnist_transform() -> transforms.Compose:
-    """The seed's preprocessing: a [0, 1] tensor, then normalised to [-1, 1]."""
+    """MNIST's preprocessing in every lesson: a [0, 1] tensor, then normalised to [-1, 1]."""
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
 
 

@@ -2,6 +2,7 @@
 
 Lesson 02 defines the same function in a cell the learner edits; this copy is the one `train_ray_ddp.py`
 and later lessons import, and tests/test_lesson_code.py fails when the two differ.
+`config` holds num_epochs, global_batch_size, lr, seed, max_steps_per_epoch, max_test_batches and data_dir.
 The numbered comments mark what changed from lesson 01's `train_single_device`.
 """
 
@@ -22,7 +23,7 @@ from helpers.models import resnet18_mnist
 from helpers.training import evaluate, seed_everything
 
 
-def train_loop_per_worker(config: dict) -> None:
+def train_loop_per_worker(config: dict) -> dict:
     """Runs on every Ray Train worker; `config` is the trainer's `train_loop_config`."""
     seed_everything(config["seed"])
     context = ray.train.get_context()  # [1] this worker's place in the group
@@ -37,7 +38,7 @@ def train_loop_per_worker(config: dict) -> None:
     model = ray.train.torch.prepare_model(resnet18_mnist())  # [3] move to the device, wrap in DDP
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     loss_fn = nn.CrossEntropyLoss()
-    # [4] no run_dir, no metrics.csv: ray.train.report below stores metrics and checkpoints
+    train_s, images_seen = 0.0, 0  # [4] no run_dir, no metrics.csv: ray.train.report stores them
 
     for epoch in range(config["num_epochs"]):
         if world_size > 1:
@@ -54,14 +55,18 @@ def train_loop_per_worker(config: dict) -> None:
             total_loss += loss.item() * len(labels)
             num_images += len(labels)
         epoch_s = time.time() - started_at
+        train_s, images_seen = train_s + epoch_s, images_seen + num_images * world_size
 
         plain_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model  # [9]
-        test = evaluate(plain_model, test_loader, ray.train.torch.get_device())  # [9] no DDP: no collectives
+        test = evaluate(plain_model, test_loader, ray.train.torch.get_device(), config["max_test_batches"])  # [9] no DDP
         metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": test["loss"],
                    "test_acc": test["accuracy"], "epoch_s": epoch_s,
                    "images_per_s": num_images * world_size / epoch_s,  # [10] all workers' images
                    "epoch_started_at": started_at,  # [10] when this epoch began
                    "node_id": ray.get_runtime_context().get_node_id()}  # [10] the node this worker runs on
+        if rank == 0:  # [10] one progress line per epoch, from one worker
+            print(f"epoch {epoch + 1}/{config['num_epochs']}: train_loss={metrics['train_loss']:.4f}, "
+                  f"test_acc={metrics['test_acc']:.2%}")
         with tempfile.TemporaryDirectory() as checkpoint_dir:
             checkpoint = None
             if rank == 0:  # [11] one copy of the weights is enough: rank 0 writes it
@@ -69,3 +74,5 @@ def train_loop_per_worker(config: dict) -> None:
                 checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
             # [12] every worker reports, with or without a checkpoint: it is a barrier
             ray.train.report(metrics, checkpoint=checkpoint)
+    # [13] what rank 0 returns becomes Result.return_value: here, lesson 01's throughput over all epochs
+    return {"train_s": train_s, "images_per_s": images_seen / train_s}

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import ray
 import ray.data
@@ -24,7 +26,7 @@ from ray.data.extensions import ArrowTensorArray
 from torch import nn
 
 from helpers import storage
-from helpers.cluster import check_data_resources, check_resources, course_scaling_config, start_autoscaling_coordinator
+from helpers.cluster import check_data_resources, check_resources, course_scaling_config
 from helpers.config import CourseConfig
 from helpers.data import load_mnist, mnist_transform
 from helpers.models import resnet18_mnist
@@ -41,7 +43,7 @@ NUM_BLOCKS = 8
 SHUFFLE_BUFFER_ROWS = 30_000
 #: What `iter_torch_batches` turns each column into.
 DTYPES = {"image": torch.float32, "label": torch.int64}
-#: The seed's transform, built once per process (not once per row).
+#: Lesson 01's torchvision transform, built once per process (not once per row).
 _TRANSFORM = mnist_transform()
 
 
@@ -96,7 +98,7 @@ def write_mnist_parquet(data_dir: str | Path, storage_path: str, num_files: int 
 
 
 def transform_row(row: dict) -> dict:
-    """Per row: the seed's torchvision transform, one Python call per image."""
+    """Per row: lesson 01's torchvision transform, one Python call per image."""
     image = np.array(row["image"])  # a writable copy: Ray Data hands out read-only views of its buffers
     row["image"] = _TRANSFORM(image).numpy()  # uint8 (28, 28) -> float32 (1, 28, 28) in [-1, 1]
     return row
@@ -140,20 +142,35 @@ def mnist_datasets(parquet_root: str, max_rows: dict[str, int] | None = None, ma
     return datasets
 
 
+_STATS_OPERATOR = re.compile(r"^\s*(?:Sub)?[Oo]perator \d+ (?P<name>.+?): (?P<tasks>\d+) tasks executed")
+_STATS_TIME = re.compile(r"^\s*\* Remote (?P<kind>wall|cpu) time: .*?(?P<total>[\d.]+)(?P<unit>us|ms|s) total")
+_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def operator_times(stats: str) -> pd.DataFrame:
+    """From `ds.stats()`'s text: one row per operator that ran tasks, with its tasks and total wall and CPU seconds."""
+    rows, current = {}, None
+    for line in stats.splitlines():
+        if match := _STATS_OPERATOR.match(line):
+            current = rows.setdefault(match["name"], {"tasks": int(match["tasks"]), "wall_s": None, "cpu_s": None})
+        elif current is not None and (match := _STATS_TIME.match(line)):
+            current[f"{match['kind']}_s"] = round(float(match["total"]) * _SECONDS[match["unit"]], 3)
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("operator")
+
+
 def prepare_ray_data_training(cfg: CourseConfig, max_rows: dict[str, int] | None = None):
     """What lesson 03 did before `fit()`, in one call for the lessons after it and the script.
 
     Takes lesson 02's `ScalingConfig` from the configuration and checks it first (an impossible request
     fails in seconds, before any data work), writes (or finds) MNIST as Parquet under the storage path,
-    builds the materialized datasets, checks that Ray Data has the CPUs they still need, and starts Ray
-    Train's autoscaling coordinator. Returns `(parquet_root, datasets, scaling)`.
+    builds the materialized datasets, and checks that Ray Data has the CPUs they still need.
+    Returns `(parquet_root, datasets, scaling)`.
     """
     scaling = course_scaling_config(cfg)
     check_resources(scaling)
     parquet_root = write_mnist_parquet(cfg.data_dir, cfg.storage_path)
     datasets = mnist_datasets(parquet_root, max_rows)
     check_data_resources(scaling, datasets)
-    start_autoscaling_coordinator()
     return parquet_root, datasets, scaling
 
 

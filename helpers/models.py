@@ -7,7 +7,7 @@ from torchvision.models import resnet18
 
 
 def resnet18_mnist(num_classes: int = 10) -> nn.Module:
-    """ResNet-18 for 1-channel 28x28 MNIST digits, as in the seed course.
+    """ResNet-18 for 1-channel 28x28 MNIST digits.
 
     Only the stem changes: torchvision's ResNet-18 expects 3-channel images, so its first
     convolution is replaced by one that takes a single (grey) channel.

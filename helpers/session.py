@@ -30,15 +30,21 @@ RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is depreca
 
 
 def quiet_worker_logs() -> None:
-    """Run by Ray in every worker process it starts: Ray Data's info lines stay in its log files.
+    """Run by Ray in every worker process it starts: Ray's per-epoch info lines stay in its log files.
 
-    Without it, each pass over a dataset shard prints "Starting execution of Dataset ...", its plan and
-    "execution finished" from the actor that splits it, every epoch. Warnings still reach the notebook.
+    Ray Train's workers log every `report` as a "Reporting training result ..." line with the whole metrics dict,
+    and Ray Data warns, once per process, that its progress bars are off (`setup()` turns them off: they change
+    on every run). Warnings and errors still reach the notebook.
     """
-    import ray.data  # noqa: F401  (its import configures its loggers: set the levels after it)
+    logging.getLogger(ray_internals.ray_train_report_logger()).setLevel(logging.WARNING)
+    logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
 
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)  # "Progress bars disabled"
+
+#: Set in every worker unless your environment sets them. RAY_DATA_LOG_LEVEL: Ray Data's info lines (each pass over a
+#: dataset shard logs its start, its plan and its end, every epoch) stay out of the notebook and out of its log files.
+#: RAY_TRAIN_ENABLE_PRINT_PATCH: with Ray Train's print patch on, a print() in the training loop reaches the
+#: notebook twice, once as output and once as a log record.
+WORKER_ENV_DEFAULTS = {"RAY_DATA_LOG_LEVEL": "WARNING", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
 
 def job_runtime_env() -> dict | None:
@@ -57,7 +63,8 @@ def runtime_env(cfg: CourseConfig) -> dict:
     """
     warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), *RAY_INTERNAL_WARNINGS]))
     ours = {"py_modules": [str(Path(helpers.__file__).parent)],
-            "env_vars": {**cfg.as_env(), "PYTHONWARNINGS": warning_filters},
+            "env_vars": {**{name: os.environ.get(name, value) for name, value in WORKER_ENV_DEFAULTS.items()},
+                         **cfg.as_env(), "PYTHONWARNINGS": warning_filters},
             "worker_process_setup_hook": f"{__name__}.{quiet_worker_logs.__name__}"}
     job = job_runtime_env()
     if job is None:

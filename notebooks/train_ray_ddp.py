@@ -8,10 +8,10 @@ The training loop is `helpers.ddp.train_loop_per_worker`, the one lesson 02 teac
 
 from __future__ import annotations
 
-from ray.train import Result, RunConfig
+from ray.train import LoggingConfig, Result, RunConfig
 from ray.train.torch import TorchTrainer
 
-from helpers.cluster import check_resources, check_storage_path, course_scaling_config, start_autoscaling_coordinator
+from helpers.cluster import check_resources, check_storage_path, course_scaling_config
 from helpers.config import load_config
 from helpers.ddp import train_loop_per_worker
 from helpers.results import MetricsHistory
@@ -25,9 +25,8 @@ def main(argv: list[str] | None = None) -> Result:
     cfg = load_config()
     start_ray(cfg)
     scaling = course_scaling_config(cfg, args.num_workers, args.use_gpu)  # sized for this cluster's nodes
-    check_resources(scaling)  # fail now, not after waiting forever for resources
+    check_resources(scaling)  # fail now: fit() would retry every minute for resources that never come
     check_storage_path(args.storage_path)  # ... or after starting Ray Train, on a folder it cannot write
-    start_autoscaling_coordinator()  # saves the first fit() a 5 s time-out (see helpers.cluster)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -36,11 +35,13 @@ def main(argv: list[str] | None = None) -> Result:
             "lr": 1e-3,
             "seed": 0,
             "max_steps_per_epoch": 25 if args.smoke_test else None,
+            "max_test_batches": 2 if args.smoke_test else None,  # 2 x 512 test images, else all 10,000
             "data_dir": str(cfg.data_dir),
         },
         scaling_config=scaling,
         run_config=RunConfig(storage_path=args.storage_path, name=new_run_name("train_ray_ddp"),
-                             callbacks=[MetricsHistory()]),  # every report, with the node of each worker
+                             callbacks=[MetricsHistory()],  # every report, with the node of each worker
+                             logging_config=LoggingConfig(log_level="WARNING")),  # no per-report log lines
     )
     result = trainer.fit()
     print_result(result)

@@ -19,6 +19,7 @@ from helpers.ingest import (
     SMOKE_ROWS,
     mnist_datasets,
     normalize_batch,
+    operator_times,
     prepare_ray_data_training,
     transform_row,
     write_mnist_parquet,
@@ -34,6 +35,37 @@ def test_per_row_and_per_batch_transforms_give_the_same_tensors(course_ray):
     assert by_batch.shape == (16, 1, 28, 28) and by_batch.dtype == np.float32
     np.testing.assert_allclose(by_row, by_batch, atol=1e-6)
     assert by_batch.min() == -1.0 and by_batch.max() == 1.0
+
+
+#: The shape of Ray 2.60's `ds.stats()` text, cut down: an operator with no tasks, a map, an all-to-all one.
+STATS = """Operator 0 ReadFiles:
+
+Operator 1 ListFiles: 1 tasks executed, 1 blocks produced in 5.1s
+* Remote wall time: 5.1s min, 5.1s max, 5.1s mean, 5.1s total
+* Remote cpu time: 242.87ms min, 242.87ms max, 242.87ms mean, 242.87ms total
+* Output num rows per block: 1 min, 1 max, 1 mean, 1 total
+
+Operator 4 MapBatches(normalize_batch): 2 tasks executed, 2 blocks produced in 0.03s
+* Remote wall time: 12.5ms min, 12.59ms max, 12.55ms mean, 25.09ms total
+* Remote cpu time: 11ms min, 12.52ms max, 11.76ms mean, 23.52ms total
+
+Operator 5 Repartition: executed in 5.49s
+
+\tSuboperator 0 RepartitionSplit: 1 tasks executed, 8 blocks produced
+\t* Remote wall time: 39.09us min, 475.55us max, 103.39us mean, 827.15us total
+\t* Remote cpu time: 39.16us min, 158.92us max, 63.82us mean, 510.57us total
+
+Dataset throughput:
+\t* Ray Data throughput: 353.69668422627467 rows/s
+"""
+
+
+def test_operator_times_reads_each_operators_tasks_and_total_seconds():
+    table = operator_times(STATS)
+    assert list(table.index) == ["ListFiles", "MapBatches(normalize_batch)", "RepartitionSplit"]
+    assert table.loc["ListFiles"].to_dict() == {"tasks": 1, "wall_s": 5.1, "cpu_s": 0.243}
+    assert table.loc["MapBatches(normalize_batch)"].to_dict() == {"tasks": 2, "wall_s": 0.025, "cpu_s": 0.024}
+    assert table.loc["RepartitionSplit"].to_dict() == {"tasks": 1, "wall_s": 0.001, "cpu_s": 0.001}
 
 
 def test_parquet_holds_all_of_mnist_and_is_written_only_once(course_ray, mnist_parquet):

@@ -96,3 +96,9 @@ def test_the_scan_sees_a_private_use(tmp_path):
         nbformat.v4.new_code_cell("!ray status\nfrom ray.data._internal.progress import logger"),
     ]), notebook)
     assert private_uses(notebook) == [f"{notebook} cell 1:2: from ray.data._internal.progress import logger"]
+
+
+def test_the_report_logger_is_the_one_ray_train_logs_its_reports_with():
+    from ray.train.v2._internal.execution import context
+
+    assert context.logger.name == ray_internals.ray_train_report_logger()

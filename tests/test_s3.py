@@ -63,7 +63,8 @@ def test_a_lesson_02_run_keeps_checkpoints_and_history_in_the_bucket(on_s3, caps
     result = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": 2, "global_batch_size": 128, "lr": 1e-3, "seed": 0,
-                           "max_steps_per_epoch": 8, "data_dir": str(cfg.data_dir)},
+                           "max_steps_per_epoch": 8, "max_test_batches": None,  # the check below evaluates all
+                           "data_dir": str(cfg.data_dir)},
         scaling_config=course_scaling_config(cfg, num_workers=1),
         run_config=RunConfig(storage_path=cfg.storage_path, name=name, callbacks=[MetricsHistory()],
                              checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="test_acc",

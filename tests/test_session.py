@@ -13,6 +13,7 @@ import ray
 from helpers import load_config, setup
 from helpers.cluster import plan_workers
 from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get
+from helpers.tooling import ray_internals
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +54,19 @@ def test_workers_get_helpers_and_the_settings_through_the_runtime_env(ray_setup)
 
     @ray.remote
     def inside_a_worker() -> tuple[list[str], dict]:
+        import ray.data  # noqa: F401  (configures Ray Data's logger, at RAY_DATA_LOG_LEVEL)
+
         import helpers.config  # noqa: F401  (imports on the worker)
 
         py_modules = ray.get_runtime_context().runtime_env.get("py_modules", [])
         env = {k: v for k, v in os.environ.items() if k.startswith(("COURSE_", "PYTHONWARNINGS"))}
-        return py_modules, env, logging.getLogger("ray.data").getEffectiveLevel()
+        levels = [logging.getLogger(name).level for name in ("ray.data", ray_internals.ray_train_report_logger())]
+        return py_modules, env, levels, os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH")
 
-    py_modules, env, ray_data_level = ray.get(inside_a_worker.remote())
-    # The setup hook ran in the worker: Ray Data's info lines (one per dataset pass) stay in its log files.
-    assert ray_data_level == logging.WARNING
+    py_modules, env, levels, print_patch = ray.get(inside_a_worker.remote())
+    # Ray Data's info lines (one per dataset pass) and Ray Train's line per report stay out of the notebook.
+    assert levels == [logging.WARNING, logging.WARNING]
+    assert print_patch == "0", "with Ray Train's print patch, a print in the loop reaches the notebook twice"
     # Ray's own deprecation warning about what Ray Train sets itself is filtered in every worker.
     assert "ignore:`ExecutionOptions.exclude_resources` is deprecated" in env.pop("PYTHONWARNINGS")
     # The package travels as an uploaded archive, so it imports on nodes without this checkout.

@@ -356,7 +356,8 @@ def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, dat
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": 1 + repeats, "global_batch_size": GLOBAL_BATCH_SIZE, "lr": 1e-3, "seed": 0,
-                           "max_steps_per_epoch": steps, "data_dir": data_dir},
+                           "max_steps_per_epoch": steps, "max_test_batches": None,
+                           "data_dir": data_dir},
         scaling_config=course_scaling_config(load_config(), num_workers, use_gpu),
         run_config=RunConfig(storage_path=storage_path, name=name),
     )

@@ -38,6 +38,7 @@ PRIVATE_APIS = (
     ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.OBJECT_STORE_BYTES_USED_FIELD_NUMBER"),
     ("ray._common.network_utils", "build_address"),
     ("ray._private.runtime_env.constants", "RAY_JOB_CONFIG_JSON_ENV_VAR"),
+    ("ray.train.v2._internal.execution.context", "logger"),
     ("ray._private.authentication.authentication_token_setup", "_enable_token_auth"),
     ("ray._private.authentication.authentication_utils", "is_token_auth_enabled"),
     ("ray._private.authentication.http_token_authentication", "get_auth_headers_if_auth_enabled"),
@@ -160,6 +161,13 @@ def auth_headers() -> dict[str, str]:
 # no public API: Ray Data logs the notice once per process from this private module's logger, with no switch
 #: The logger of Ray Data's "Progress bars disabled" notice.
 RAY_DATA_PROGRESS_LOGGER = "ray.data._internal.progress"
+def ray_train_report_logger() -> str:
+    """The name of the logger of Ray Train's "Reporting training result ..." lines, one per worker and report."""
+    # no public API: train/v2/_internal/execution/context.py names it `logging.getLogger(__file__)`, a path,
+    # outside the `ray.train` logger whose level `RunConfig(logging_config=...)` sets
+    import ray
+
+    return os.path.join(os.path.dirname(ray.__file__), "train", "v2", "_internal", "execution", "context.py")
 
 
 # --- Ray Train -------------------------------------------------------------------------------------------------
