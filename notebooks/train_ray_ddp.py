@@ -8,7 +8,7 @@ The training loop is `helpers.ddp.train_loop_per_worker`, the one lesson 02 teac
 
 from __future__ import annotations
 
-from ray.train import LoggingConfig, Result, RunConfig
+from ray.train import Result, RunConfig
 from ray.train.torch import TorchTrainer
 
 from helpers.cluster import check_resources, check_storage_path, course_scaling_config
@@ -40,8 +40,7 @@ def main(argv: list[str] | None = None) -> Result:
         },
         scaling_config=scaling,
         run_config=RunConfig(storage_path=args.storage_path, name=new_run_name("train_ray_ddp"),
-                             callbacks=[MetricsHistory()],  # every report, with the node of each worker
-                             logging_config=LoggingConfig(log_level="WARNING")),  # no per-report log lines
+                             callbacks=[MetricsHistory()]),  # every report, with the node of each worker
     )
     result = trainer.fit()
     print_result(result)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ray.train import LoggingConfig, Result, RunConfig
+from ray.train import Result, RunConfig
 from ray.train.torch import TorchTrainer
 
 from helpers.cluster import check_storage_path
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> Result:
         datasets=datasets,
         scaling_config=scaling,
         run_config=RunConfig(storage_path=storage_path, name=new_run_name("train_ray_ddp_with_ray_data"),
-                             callbacks=[MetricsHistory()],  # every report, with the node of each worker
-                             logging_config=LoggingConfig(log_level="WARNING")),  # Ray Train's warnings only
+                             callbacks=[MetricsHistory()]),  # every report, with the node of each worker
     )
     result = trainer.fit()
     print_result(result)
