@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> Result:
             "global_batch_size": 128,
             "lr": 1e-3,
             "seed": 0,
-            "max_steps_per_epoch": 25 if args.smoke_test else None,
+            "max_steps_per_epoch": 12 if args.smoke_test else None,
             "max_test_batches": 2 if args.smoke_test else None,  # 2 x 512 test images, else all 10,000
             "data_dir": str(cfg.data_dir),
         },
