@@ -1,7 +1,8 @@
 """Reading what a Ray Train run leaves behind: every report's metrics, and the run folder on disk.
 
-`Result.metrics_dataframe` has one row per checkpoint Ray Train *kept*; with `CheckpointConfig(num_to_keep=...)`
-the others are gone from it. `MetricsHistory` records every report (and every worker failure) as it happens.
+`Result.metrics_dataframe` has one row per checkpoint in `Result.best_checkpoints` (the best `num_to_keep` by score):
+reports without a checkpoint, deleted checkpoints and a latest checkpoint outside the best are not in it.
+`MetricsHistory` records every report (and every worker failure) as it happens.
 """
 
 from __future__ import annotations
