@@ -1,15 +1,21 @@
-"""Lesson 05's training loop: lesson 03's loop, made to survive failures.
+"""Lesson 05's training loop: lesson 03's loop, made to survive failures; and the failures the lesson causes.
 
-It saves everything it needs to go on (weights, optimizer state, epoch) in every checkpoint and, when
+The loop saves everything it needs to go on (weights, optimizer state, epoch) in every checkpoint and, when
 it starts, continues from `ray.train.get_checkpoint()`: after Ray Train restarted the workers because
 one failed, or when you start the same run (same `RunConfig` name and storage path) again.
 The numbered comments mark what changed from lesson 03's `helpers.ingest.train_loop_per_worker`.
+
+The failures stay out of the loop: `with_failure` wraps it to raise once on one rank, `kill_worker_when_checkpointed`
+kills a worker process, and `press_ctrl_c_when_checkpointed` stops a training script as Ctrl-C would.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +34,6 @@ from torch import nn
 from helpers.ingest import DTYPES, evaluate_shard
 from helpers.models import resnet18_mnist
 from helpers.results import latest_checkpoint_metrics
-from helpers.training import seed_everything
 
 
 class InjectedFailure(RuntimeError):
@@ -36,33 +41,28 @@ class InjectedFailure(RuntimeError):
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Runs on every Ray Train worker; resumes from the run's latest checkpoint when there is one.
-
-    `config["fail_at"]`: None, or `(epoch, step, rank)` where that rank raises InjectedFailure, once:
-    only in an attempt that started before that epoch (epoch >= 1), so the restarted attempt runs through.
-    """
-    seed_everything(config["seed"])
+    """Runs on every Ray Train worker; resumes from the run's latest checkpoint when there is one."""
+    ray.train.torch.enable_reproducibility(config["seed"])  # [1] seeds, and deterministic algorithms on GPUs too
     context = ray.train.get_context()
     world_size, rank = context.get_world_size(), context.get_world_rank()
     batch_size_per_worker = config["global_batch_size"] // world_size
-    fail_at = tuple(config["fail_at"]) if config["fail_at"] else None
     train_shard = ray.train.get_dataset_shard("train")
     valid_shard = ray.train.get_dataset_shard("valid")
 
     model, optimizer_state, start_epoch = resnet18_mnist(), None, 0
-    checkpoint = ray.train.get_checkpoint()  # [1] None on a fresh start, else the run's latest checkpoint
+    checkpoint = ray.train.get_checkpoint()  # [2] None on a fresh start, else the run's latest checkpoint
     if checkpoint:
-        with checkpoint.as_directory() as checkpoint_dir:  # [2] weights, optimizer state and epoch
+        with checkpoint.as_directory() as checkpoint_dir:  # [3] weights, optimizer state and epoch
             model.load_state_dict(torch.load(Path(checkpoint_dir) / "model.pt", map_location="cpu"))
             state = torch.load(Path(checkpoint_dir) / "train_state.pt", map_location="cpu")
         optimizer_state, start_epoch = state["optimizer"], state["epoch"] + 1
     model = ray.train.torch.prepare_model(model)  # DDP starts from the restored weights on every worker
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     if optimizer_state:
-        optimizer.load_state_dict(optimizer_state)  # [3] Adam's running averages too, not only the weights
+        optimizer.load_state_dict(optimizer_state)  # [4] Adam's running averages too, not only the weights
     loss_fn = nn.CrossEntropyLoss()
 
-    for epoch in range(start_epoch, config["num_epochs"]):  # [4] go on after the checkpoint's epoch
+    for epoch in range(start_epoch, config["num_epochs"]):  # [5] go on after the checkpoint's epoch
         model.train()
         started_at, total_loss, num_images = time.time(), 0.0, 0
         batches = train_shard.iter_torch_batches(batch_size=batch_size_per_worker, dtypes=DTYPES,
@@ -70,9 +70,7 @@ def train_loop_per_worker(config: dict) -> None:
                                                  prefetch_batches=config["prefetch_batches"],
                                                  local_shuffle_buffer_size=config["shuffle_buffer"],
                                                  local_shuffle_seed=config["seed"] + epoch)  # a resumed epoch: same order
-        for step, batch in enumerate(batches):
-            if fail_at == (epoch, step, rank) and start_epoch < epoch:  # [5] the lesson's failure, once
-                raise InjectedFailure(f"rank {rank} fails on purpose at epoch {epoch}, step {step}")
+        for batch in batches:
             optimizer.zero_grad()
             loss = loss_fn(model(batch["image"]), batch["label"])
             loss.backward()
@@ -98,6 +96,53 @@ def train_loop_per_worker(config: dict) -> None:
             ray.train.report(metrics, checkpoint=checkpoint)
 
 
+class _FailingShard:
+    """A dataset shard that raises InjectedFailure as it hands out batch `step` of pass `epoch` (both from 0)."""
+
+    def __init__(self, shard, epoch: int, step: int, rank: int):
+        self._shard, self._epoch, self._step, self._rank, self._passes = shard, epoch, step, rank, 0
+
+    def iter_torch_batches(self, **kwargs):
+        this_pass, self._passes = self._passes, self._passes + 1
+        for step, batch in enumerate(self._shard.iter_torch_batches(**kwargs)):
+            if (this_pass, step) == (self._epoch, self._step):
+                raise InjectedFailure(f"rank {self._rank} fails on purpose at epoch {this_pass}, step {step}")
+            yield batch
+
+    def __getattr__(self, name: str):
+        return getattr(self._shard, name)
+
+
+def with_failure(train_loop: Callable[[dict], None], epoch: int, step: int, rank: int) -> Callable[[dict], None]:
+    """`train_loop` with one failure injected, its code unchanged: in the run's first attempt (no checkpoint yet),
+    the "train" shard of rank `rank` raises InjectedFailure as it hands out batch `step` of epoch `epoch`.
+
+    The restarted attempt starts from a checkpoint and runs through. `epoch` must be 1 or more: a failure in epoch 0
+    comes before any checkpoint, so the restarted attempt would start without one and fail again.
+    """
+    if epoch < 1 or step < 0 or rank < 0:
+        raise ValueError(f"with_failure needs epoch >= 1 (a checkpoint to resume from), step >= 0 and rank >= 0; "
+                         f"got epoch={epoch}, step={step}, rank={rank}")
+
+    @functools.wraps(train_loop)
+    def loop_with_failure(config: dict) -> None:
+        if ray.train.get_checkpoint() is not None or ray.train.get_context().get_world_rank() != rank:
+            return train_loop(config)  # a restarted attempt, or another rank: the loop as it is
+        get_dataset_shard = ray.train.get_dataset_shard
+
+        def failing_get_dataset_shard(name: str):
+            shard = get_dataset_shard(name)
+            return _FailingShard(shard, epoch, step, rank) if name == "train" else shard
+
+        ray.train.get_dataset_shard = failing_get_dataset_shard  # what the loop calls, in this worker process only
+        try:
+            return train_loop(config)
+        finally:
+            ray.train.get_dataset_shard = get_dataset_shard
+
+    return loop_with_failure
+
+
 def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], object], timeout_s: float) -> threading.Event:
     """Call `action` in a background thread once the run has registered the checkpoint of `epoch`.
     Returns an Event: set it to call the watch off."""
@@ -106,7 +151,10 @@ def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], ob
     def watch() -> None:
         deadline = time.monotonic() + timeout_s
         while not cancelled.is_set() and time.monotonic() < deadline:
-            latest = latest_checkpoint_metrics(run_path)
+            try:
+                latest = latest_checkpoint_metrics(run_path)
+            except json.JSONDecodeError:  # Ray Train is rewriting its snapshot file: read it again next time
+                latest = None
             if latest and latest["epoch"] >= epoch:
                 try:
                     action()
@@ -119,14 +167,14 @@ def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], ob
     return cancelled
 
 
-def interrupt_when_checkpointed(run_path: str | Path, epoch: int, timeout_s: float = 3600) -> threading.Event:
-    """Interrupt this process (SIGINT, what Jupyter's Interrupt button sends) once the run has registered
-    the checkpoint of `epoch`: the driver stops mid-run. Returns an Event: set it to call the watch off.
-    """
-    def interrupt() -> None:
-        os.kill(os.getpid(), signal.SIGINT)
+def press_ctrl_c_when_checkpointed(driver: subprocess.Popen, run_path: str | Path, epoch: int,
+                                   timeout_s: float = 3600) -> threading.Event:
+    """Send `driver`, a training script's process, SIGINT (what Ctrl-C sends in a terminal) once its run has
+    registered the checkpoint of `epoch`: the driver stops mid-run. Returns an Event: set it to call the watch off."""
+    def ctrl_c() -> None:
+        driver.send_signal(signal.SIGINT)
 
-    return _when_checkpointed(run_path, epoch, interrupt, timeout_s)
+    return _when_checkpointed(run_path, epoch, ctrl_c, timeout_s)
 
 
 @ray.remote(num_cpus=0)  # runs even while the training workers hold every CPU

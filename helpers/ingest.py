@@ -1,7 +1,8 @@
 """Lesson 03's Ray Data ingest: MNIST as Parquet, preprocessing on the CPU pool, shards into training.
 
-Kept here once, so the notebook (which shows it) and `train_ray_ddp_with_ray_data.py` run the same
-code. The numbered comments in `train_loop_per_worker` mark what changed from lesson 02's loop.
+Kept here once, so the notebook (which shows it), the lessons after it and `train_ray_ddp_with_ray_data.py`
+(which trains with lesson 05's resumable version of the loop) use the same data pipeline. The numbered comments in
+`train_loop_per_worker` mark what changed from lesson 02's loop.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 repeats no epoch, and its checkpoint carries the optimizer state; a loop that forgets the optimizer restore ends
 with other metrics than the same run with the restore, so the comparison sees what the restore does. (Lesson 05
 itself, under nbval, asserts that the resumed run ends with exactly the metrics of lesson 03's run without a failure,
-recovers a worker process killed with SIGKILL to the same metrics, and continues an interrupted run under its name.)
+recovers a worker process killed with SIGKILL to the same metrics, and continues a script's run stopped with Ctrl-C
+under its name; tests/test_multinode.py does the last on a multi-node cluster.)
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from ray.train import FailureConfig, RunConfig
+from ray.train import DataConfig, FailureConfig, RunConfig
 from ray.train.torch import TorchTrainer
 
 from helpers import fault_tolerance
 from helpers.cluster import course_scaling_config
 from helpers.config import load_config
-from helpers.fault_tolerance import train_loop_per_worker
+from helpers.fault_tolerance import train_loop_per_worker, with_failure
 from helpers.ingest import mnist_datasets
 from helpers.results import MetricsHistory, read_history
 
@@ -30,14 +31,14 @@ NUM_EPOCHS = 2
 COMPARED = ["train_loss", "test_loss", "test_acc"]
 
 
-def fit(storage_path: str | Path, datasets: dict, name: str, fail_at=None, max_failures: int = 0,
-        loop=train_loop_per_worker):
+def fit(storage_path: str | Path, datasets: dict, name: str, max_failures: int = 0, loop=train_loop_per_worker):
     """Lesson 05's trainer: the resumable loop, 2 workers, shuffled epochs, MetricsHistory; `fit()`'s Result."""
     trainer = TorchTrainer(
         loop,
         train_loop_config={"num_epochs": NUM_EPOCHS, "global_batch_size": 128, "lr": 1e-3, "seed": 0,
-                           "prefetch_batches": 1, "shuffle_buffer": ROWS["train"] // 2, "fail_at": fail_at},
+                           "prefetch_batches": 1, "shuffle_buffer": ROWS["train"] // 2},
         datasets=datasets,  # materialized once, for every run, as lesson 05 does
+        dataset_config=DataConfig(enable_shard_locality=False),
         scaling_config=course_scaling_config(load_config(), num_workers=2, use_gpu=False),
         run_config=RunConfig(storage_path=str(storage_path), name=name, callbacks=[MetricsHistory()],
                              failure_config=FailureConfig(max_failures=max_failures)),
@@ -74,7 +75,7 @@ def _events(history) -> list[tuple]:
 @pytest.fixture(scope="module")
 def resumed(runs):
     """The Result of lesson 05's run: rank 1 fails at epoch 1, step 2, and the run restarts once."""
-    return fit(*runs, name="worker-failure", fail_at=(1, 2, 1), max_failures=1)
+    return fit(*runs, name="worker-failure", max_failures=1, loop=with_failure(train_loop_per_worker, 1, 2, 1))
 
 
 def test_an_injected_failure_resumes_on_the_restored_state(resumed):
@@ -90,8 +91,15 @@ def test_an_injected_failure_resumes_on_the_restored_state(resumed):
 
 def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(runs, resumed):
     line = "optimizer.load_state_dict(optimizer_state)"  # Adam's running averages start again from zero
-    result = fit(*runs, name="forgets-optimizer", fail_at=(1, 2, 1), max_failures=1, loop=without(line))
+    result = fit(*runs, name="forgets-optimizer", max_failures=1, loop=with_failure(without(line), 1, 2, 1))
     forgetful, reference = epoch_metrics(result), epoch_metrics(resumed)
     assert forgetful[0] == reference[0], "epoch 0 ran before the failure: it must match"
     assert forgetful[1]["train_loss"] != pytest.approx(reference[1]["train_loss"], rel=1e-3), \
         f"without `{line}` the resumed epoch still matches: the comparison cannot see the restore"
+
+
+@pytest.mark.parametrize("epoch,step,rank", [(0, 2, 1), (1, -1, 1), (1, 2, -1)])
+def test_with_failure_refuses_a_failure_it_could_not_recover_from_or_never_reach(epoch, step, rank):
+    # A failure in epoch 0 comes before any checkpoint: the restarted attempt would start fresh and fail again.
+    with pytest.raises(ValueError, match="with_failure needs epoch >= 1"):
+        with_failure(train_loop_per_worker, epoch=epoch, step=step, rank=rank)

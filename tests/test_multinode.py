@@ -26,7 +26,8 @@ import psutil
 import pytest
 
 from helpers.config import REPO_ROOT
-from helpers.results import read_history
+from helpers.fault_tolerance import press_ctrl_c_when_checkpointed
+from helpers.results import latest_checkpoint_metrics, read_history
 from helpers.tooling.local_cluster import LocalCluster
 
 #: The Ray variables a LocalCluster must leave as they are in the process that starts it.
@@ -246,28 +247,59 @@ def start_script(script: str, env: dict[str, str], *args: str) -> subprocess.Pop
                             text=True)
 
 
-def check_run(script: subprocess.Popen, storage: Path, prefix: str, num_workers: int, worker_node_ids: set[str]):
-    """The script trained `num_workers` workers on as many worker nodes, with its run folder on the shared storage."""
+def check_run(script: subprocess.Popen, storage: Path, prefix: str, num_workers: int, worker_node_ids: set[str],
+              checkpoints: int = 1) -> Path:
+    """The script trained `num_workers` workers on as many worker nodes, with its run folder on the shared storage,
+    holding `checkpoints` checkpoints; returns the run folder. `prefix`: the run's name, or what it starts with."""
     stdout, stderr = script.communicate(timeout=600)
     assert script.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert f"workers ran on {num_workers} node(s)" in stdout
-    (run,) = [run for run in storage.glob(f"{prefix}-run-*") if run.name in stdout]
-    assert len(list(run.glob("checkpoint_*/model.pt"))) == 1
+    (run,) = [run for run in storage.glob(f"{prefix}*") if f"{run.name}/checkpoint_" in stdout]
+    assert len(list(run.glob("checkpoint_*/model.pt"))) == checkpoints
     nodes = read_history(str(run)).iloc[-1]["worker_nodes"]  # reported from inside the training function
     assert len(nodes) == num_workers and len(set(nodes)) == num_workers, "two workers shared a node"
     assert set(nodes) <= worker_node_ids, "a worker ran on the head, which has no CPU"
+    return run
 
 
 # Lesson 02's script runs on clusters in tests/test_autoscaling.py (1 worker, on a node the autoscaler adds) and
 # tests/test_jobs.py (as a job), and fails on a node without the data below; a 1-worker run sized from the
 # cluster's total CPUs (which fits no node) is test_cluster.py's sizing test.
-def test_lesson_03_s_script_trains_on_two_worker_nodes(course_env: dict[str, str], worker_node_ids: set[str]) -> None:
+RAY_DATA_SCRIPT = "train_ray_ddp_with_ray_data.py"
+#: What a resumed run must reproduce of the run without a failure, epoch by epoch.
+COMPARED = ["epoch", "train_loss", "test_loss", "test_acc"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(course_env: dict[str, str], worker_node_ids: set[str]) -> Path:
+    """Lesson 03's script (lesson 05's resumable loop) for 2 epochs on both worker nodes, without a failure."""
+    storage = Path(course_env["COURSE_STORAGE_PATH"])
     # Every CPU to training: the datasets must be materialized, or it hangs.
-    script, storage = "train_ray_ddp_with_ray_data.py", Path(course_env["COURSE_STORAGE_PATH"])
-    check_run(start_script(script, course_env, "--num-workers", "2"), storage, script.removesuffix(".py"), 2,
-              worker_node_ids)
+    return check_run(start_script(RAY_DATA_SCRIPT, course_env, "--num-workers", "2", "--epochs", "2"), storage,
+                     RAY_DATA_SCRIPT.removesuffix(".py"), 2, worker_node_ids, checkpoints=2)
+
+
+def test_lesson_03_s_script_trains_on_two_worker_nodes(course_env: dict[str, str], uninterrupted_run: Path) -> None:
     # The Parquet copy, written by the run's Ray Data tasks on the worker nodes, lies on the shared storage.
-    assert len(list(storage.glob("datasets/mnist-parquet/*/*.parquet"))) == 16
+    assert len(list(Path(course_env["COURSE_STORAGE_PATH"]).glob("datasets/mnist-parquet/*/*.parquet"))) == 16
+
+
+def test_a_script_stopped_with_ctrl_c_continues_by_name_to_the_uninterrupted_metrics(
+        course_env: dict[str, str], worker_node_ids: set[str], uninterrupted_run: Path) -> None:
+    # Lesson 05 section 05 on a cluster. By default Ray Data gives each rank the blocks on its own node, and which node
+    # each rank lands on changes from run to run: the continued run then trained its ranks on other rows and ended
+    # with other metrics. The script's DataConfig(enable_shard_locality=False) splits the blocks in order instead.
+    storage, name = Path(course_env["COURSE_STORAGE_PATH"]), "lesson05-ctrl-c"
+    stopped = start_script(RAY_DATA_SCRIPT, course_env, "--num-workers", "2", "--epochs", "2", "--name", name)
+    press_ctrl_c_when_checkpointed(stopped, storage / name, epoch=0, timeout_s=600)
+    _, stderr = stopped.communicate(timeout=600)
+    assert stopped.returncode != 0 and latest_checkpoint_metrics(str(storage / name))["epoch"] == 0, stderr[-3000:]
+    continued = check_run(start_script(RAY_DATA_SCRIPT, course_env, "--num-workers", "2", "--epochs", "2",
+                                       "--name", name), storage, name, 2, worker_node_ids, checkpoints=2)
+    history, reference = read_history(str(continued)), read_history(str(uninterrupted_run))
+    reports = history[history["event"] == "report"].reset_index(drop=True)
+    assert list(reports["start_epoch"]) == [0, 1], "the second start did not continue at epoch 1"
+    assert reports[COMPARED].equals(reference[reference["event"] == "report"][COMPARED].reset_index(drop=True))
 
 
 def test_a_node_without_the_data_stops_the_script_with_the_courses_error(course_env: dict[str, str]) -> None:

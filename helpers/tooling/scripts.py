@@ -29,8 +29,9 @@ def course_parser(description: str, stores: str, smoke_test_help: str) -> argpar
     return parser
 
 
-def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """`--num-workers --epochs --use-gpu/--no-use-gpu --smoke-test --storage-path`, defaulting to the configuration.
+def parse_args(description: str, argv: list[str] | None = None, resumable: bool = False) -> argparse.Namespace:
+    """`--num-workers --epochs --use-gpu/--no-use-gpu --smoke-test --storage-path`, defaulting to the configuration;
+    `--name` too for a script whose loop resumes from its checkpoints (`resumable`).
 
     Unset, `--num-workers` and `--use-gpu` are None: the course sizes the run for the cluster, as `setup()` does
     (COURSE_NUM_WORKERS, COURSE_USE_GPU=auto: one worker per GPU when the cluster has GPUs, else 2 on CPU).
@@ -40,6 +41,10 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
                         help="one GPU per worker, or none (default: COURSE_USE_GPU, auto: GPUs when the cluster "
                              "has any)")
+    if resumable:
+        parser.add_argument("--name", default=None,
+                            help="the run's name under the storage path: a run of that name is continued from its "
+                                 "latest checkpoint (default: a new name)")
     args = parser.parse_args(argv)
     if (args.num_workers is not None and args.num_workers < 1) or args.epochs < 1:
         parser.error("--num-workers and --epochs must be at least 1")
