@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
+import pandas as pd
 import pytest
 import ray
 import torch
 from torch import nn
 
 from helpers.models import resnet18_mnist
-from helpers.troubleshooting import ITERATOR_LINES, activation_bytes, graph_size, iterator_times
+from helpers.troubleshooting import (
+    ITERATOR_LINES,
+    activation_bytes,
+    compare_rounds,
+    iterator_times,
+    memory_limit,
+    process_memory_mb,
+    training_thread,
+    worker_stack,
+)
 
 
 def test_activation_memory_grows_with_the_batch_and_vanishes_without_grad():
@@ -53,19 +65,6 @@ def test_activation_bytes_counts_two_distinct_saved_tensors_twice():
     assert activation_bytes(model, images) == 2 * 3 * 4 * 4
 
 
-def test_graph_size_counts_what_a_kept_loss_holds():
-    weight = nn.Parameter(torch.ones(3))
-    total = 0.0
-    sizes = []
-    for _ in range(3):
-        loss = (weight * 2).sum()
-        loss.backward()
-        total = total + loss
-        sizes.append(graph_size(total))
-    assert sizes[0] < sizes[1] < sizes[2], "each kept step adds its graph"
-    assert graph_size(loss.item()) == 0 and graph_size(loss.detach()) == 0
-
-
 def test_iterator_times_reads_units_and_missing_lines():
     text = ("Dataset iterator time breakdown:\n* Total time overall: 12.58s\n"
             "    * Total time user thread is blocked by Ray Data iter_batches: 101.97ms\n"
@@ -98,3 +97,61 @@ def test_iterator_times_from_a_real_shard_iterator_add_up_over_epochs(one_cpu_ra
     assert first["user_s"] >= 4 * 0.02, "four batches of user code"
     assert second["total_s"] > first["total_s"] and second["user_s"] > first["user_s"], "the times add up"
     assert second["total_s"] - first["total_s"] <= elapsed + 0.05, "the second epoch's share is the difference"
+
+
+#: A py-spy dump of a RayTrainWorker whose loop waits in ray.train.report (Ray 2.60, lesson 06's lab A).
+HUNG_RANK = """Process 2362: ray::RayTrainWorker
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 2362 (active): "MainThread"
+    Worker.main_loop (ray/_private/worker.py:1069)
+Thread 2631 (idle): "TrainingThread(train_fn_with_final_checkpoint_flush)"
+    Worker.get_objects (ray/_private/worker.py:1007)
+    TrainContext._sync_checkpoint_dir_name_across_ranks (ray/train/v2/_internal/execution/context.py:254)
+    report (ray/train/v2/api/train_fn_utils.py:125)
+    report_on_rank_zero_only (3608596061.py:8)
+    Thread.run (threading.py:982)
+"""
+
+
+def test_training_thread_keeps_the_loop_thread_innermost_first():
+    frames = training_thread(HUNG_RANK)
+    assert frames[0].startswith("Worker.get_objects") and frames[-1].startswith("Thread.run")
+    assert "report_on_rank_zero_only (3608596061.py:8)" in frames
+    finished = HUNG_RANK.split("Thread 2631")[0]
+    assert training_thread(finished) == [], "a rank whose loop returned has no training thread"
+
+
+def test_worker_stack_reads_a_live_python_process_without_colour_codes(monkeypatch):
+    monkeypatch.setenv("CLICOLOR_FORCE", "1")  # set in a Jupyter kernel: py-spy then colours its output
+    program = "import time\ndef waits_here():\n    time.sleep(60)\nwaits_here()"
+    sleeper = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        time.sleep(1)
+        stack = worker_stack(sleeper.pid)
+        assert "\n    waits_here (<string>:3)" in stack and "\x1b" not in stack, stack
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_memory_limit_makes_torch_raise_its_own_error_and_is_lifted_after():
+    with pytest.raises(RuntimeError, match="can't allocate memory"), memory_limit(50):
+        torch.empty(200 * 2**20, dtype=torch.uint8).fill_(1)
+    torch.empty(200 * 2**20, dtype=torch.uint8).fill_(1)  # the limit is gone
+
+
+def test_process_memory_mb_sees_memory_that_is_kept_and_not_memory_that_is_freed():
+    start = process_memory_mb()
+    kept = torch.ones(100 * 2**20, dtype=torch.uint8)
+    assert process_memory_mb() - start > 80
+    del kept
+    assert process_memory_mb() - start < 20
+
+
+def test_compare_rounds_calls_overlapping_ranges_no_measurable_difference():
+    rounds = pd.DataFrame({"condition": ["a"] * 3 + ["b"] * 3 + ["c"] * 3,
+                           "share": [0.40, 0.45, 0.50, 0.41, 0.48, 0.52, 0.05, 0.06, 0.04]})
+    table = compare_rounds(rounds, baseline="a", value="share")
+    assert list(table["verdict"]) == ["baseline", "no measurable difference", "measured: lower"]
+    assert table.loc["c", "change vs a"] == pytest.approx(0.05 - 0.45)
