@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from torch import nn
 
 #: The lines of a Ray Data iterator's `stats()` that `iterator_times` reads, by the key it returns them under.
 ITERATOR_LINES = {
@@ -41,29 +40,6 @@ def iterator_times(stats: str) -> dict[str, float]:
         if found:
             times[key] = float(found.group(1)) * _UNITS[found.group(2)]
     return times
-
-
-def activation_bytes(model: nn.Module, images: torch.Tensor) -> int:
-    """Bytes of activations autograd keeps for `backward()` after one forward pass of `images`.
-
-    Counts the storages of the tensors saved for the backward pass, each storage once (views, in-place
-    results and a tensor saved by two operations share one), leaving out the model's parameters. They stay
-    in memory until `backward()` runs, or for as long as something refers to the output's graph.
-    """
-    parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
-    storages: dict[int, int] = {}
-
-    def keep(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-        output = model(images)  # kept until the count is done: its graph keeps the saved storages alive
-        total = sum(storages.values())
-    del output
-    return total
 
 
 # --- Lab A: the stack of each rank ---------------------------------------------------------------------------

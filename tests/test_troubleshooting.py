@@ -10,12 +10,9 @@ import pandas as pd
 import pytest
 import ray
 import torch
-from torch import nn
 
-from helpers.models import resnet18_mnist
 from helpers.troubleshooting import (
     ITERATOR_LINES,
-    activation_bytes,
     compare_rounds,
     iterator_times,
     memory_limit,
@@ -23,46 +20,6 @@ from helpers.troubleshooting import (
     training_thread,
     worker_stack,
 )
-
-
-def test_activation_memory_grows_with_the_batch_and_vanishes_without_grad():
-    model = resnet18_mnist()
-    per_16 = activation_bytes(model, torch.zeros(16, 1, 28, 28))
-    per_32 = activation_bytes(model, torch.zeros(32, 1, 28, 28))
-    assert per_32 == pytest.approx(2 * per_16, rel=0.01), "activations are per image"
-    assert 5.5e6 < per_16 < 6.5e6, "ResNet-18 on MNIST keeps about 0.37 MB per image"
-    with torch.no_grad():
-        assert activation_bytes(model, torch.zeros(16, 1, 28, 28)) == 0
-
-
-class _SharesStorage(nn.Module):
-    """Saves one tensor several times: two products save it, a view of it is saved, an in-place op keeps it."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = x * 2  # saves nothing that is not a parameter or the input ...
-        a = hidden * self.weight  # saves `hidden` (and the weight, a parameter)
-        b = hidden * self.weight  # saves `hidden` again: the same storage
-        c = hidden.view(5, 2).sin()  # saves a view of `hidden`: the same storage
-        return a.sum() + b.sum() + c.sum()
-
-
-def test_activation_bytes_counts_a_shared_storage_once_and_leaves_out_parameters():
-    x = torch.ones(10, requires_grad=True)
-    # `x * 2` saves nothing (the factor is a number); both products save `hidden` and the weight; sin saves its
-    # input, a view of `hidden`. So the only storage that counts is `hidden`'s: 10 float32 = 40 bytes.
-    assert activation_bytes(_SharesStorage(), x) == 10 * 4
-
-
-def test_activation_bytes_counts_two_distinct_saved_tensors_twice():
-    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Tanh(), nn.Linear(4, 4, bias=False))
-    images = torch.ones(3, 4)
-    # Linear 1 saves its input (a leaf without grad: counted, 48 bytes); tanh saves its output (48 bytes);
-    # Linear 2 saves its input, the same tanh output (not again). Weights are parameters.
-    assert activation_bytes(model, images) == 2 * 3 * 4 * 4
 
 
 def test_iterator_times_reads_units_and_missing_lines():
