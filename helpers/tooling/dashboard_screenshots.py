@@ -96,8 +96,8 @@ def main() -> None:
     from helpers import setup
     from helpers.ingest import SMOKE_ROWS, prepare_ray_data_training, train_loop_per_worker
     from helpers.runs import new_run_name
-    from helpers.session import dashboard_get
     from helpers.tooling import ray_internals
+    from helpers.troubleshooting import run_workers
 
     os.environ["RAY_TRAIN_ENABLE_STATE_TRACKING"] = "1"
     cfg = setup()
@@ -114,11 +114,7 @@ def main() -> None:
                              logging_config=LoggingConfig(log_level="WARNING")))
     running = ThreadPoolExecutor(max_workers=1).submit(trainer.fit)
     deadline = time.monotonic() + 300
-    while True:
-        status, body = dashboard_get("/api/train/v2/runs/v1")
-        runs = {run["name"]: run["status"] for run in (body or {}).get("train_runs", [])} if status == 200 else {}
-        if runs.get(trainer.run_config.name) == "RUNNING":
-            break
+    while not run_workers(trainer.run_config.name):  # the Train API lists the workers once the attempt is RUNNING
         if running.done() or time.monotonic() > deadline:
             raise SystemExit("the run never reached RUNNING")
         time.sleep(1)
@@ -126,7 +122,7 @@ def main() -> None:
     header = next((value for key, value in ray_internals.auth_headers().items() if key.lower() == "authorization"), "")
     token = header.removeprefix("Bearer ") or None
     debug_port = _free_port()
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # the browser may write as it exits
         browser = subprocess.Popen(
             [_browser(), "--headless", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={debug_port}",
              f"--user-data-dir={profile}", "about:blank"],
