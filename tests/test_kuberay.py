@@ -14,7 +14,7 @@ import pytest
 from helpers.config import CLUSTER_STORAGE
 from helpers.tooling import kuberay
 
-MANIFESTS = ["storage-pvc.yaml", "raycluster.yaml", "rayjob.yaml"]
+MANIFESTS = ["storage-pvc.yaml", "networkpolicy.yaml", "raycluster.yaml", "rayjob.yaml"]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def test_the_helm_cluster_matches_the_manifest_cluster(manifests):
         groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
         return [(g.get("groupName"), g.get("minReplicas"), g.get("maxReplicas"),
                  g["template"]["spec"]["containers"][0]["resources"], g["template"]["spec"]["securityContext"],
-                 g["template"]["spec"].get("tolerations")) for g in groups]
+                 g["template"]["spec"].get("tolerations"),
+                 g["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"]) for g in groups]
 
     assert shape(rendered) == shape(manifest)
     assert rendered["rayVersion"] == manifest["rayVersion"] == kuberay.course_pins()["ray"]
@@ -163,6 +164,19 @@ INJECTED = [
     ("rayjob.yaml", "spec.runtimeEnvYAML", "env_vars: {COURSE_STORAGE_PATH: /home/ray/runs}\n",
      "would write to /home/ray/runs"),
     ("rayjob.yaml", "spec.shutdownAfterJobFinishes", False, "the cluster outlives the job"),
+    # the NetworkPolicy: Kubernetes' schema, then who reaches which port
+    ("networkpolicy.yaml", "spec.podSelector.matchLabel", {}, "'matchLabel' was unexpected"),
+    ("networkpolicy.yaml", "spec.podSelector.matchLabels", {"app.kubernetes.io/part-of": "ray"},
+     "does not select the pods of group head"),
+    ("networkpolicy.yaml", "spec.ingress.1.from", [], "any other pod in this namespace can reach port 8265"),
+    ("networkpolicy.yaml", "spec.ingress.1.ports", DELETE, "the KubeRay operator can reach port 6379"),
+    ("networkpolicy.yaml", "spec.ingress.1.from.2", {"namespaceSelector": {}},
+     "a Ray pod in another namespace can reach port 8265"),
+    ("networkpolicy.yaml", "spec.ingress.0", {"from": [{"podSelector": {}}], "ports": [{"port": 8265}]},
+     "a pod of the course's Ray clusters cannot reach port 6379"),
+    ("networkpolicy.yaml", "spec.policyTypes", ["Egress"], "any other pod in this namespace can reach port 8265"),
+    ("networkpolicy.yaml", "spec.ingress.1.from.1.podSelector.matchLabels", {"batch.kubernetes.io/job-name": "train"},
+     "the RayJob's submitter pod cannot reach port 8265"),
 ]
 
 
@@ -200,6 +214,33 @@ def test_a_wrong_chart_value_fails_once_rendered(manifests, path, value, expecte
     (rendered,) = kuberay.helm_template(values)
     with pytest.raises(kuberay.ManifestError, match=re.escape(expected)):
         kuberay.validate(rendered)
+
+
+def test_the_network_policy_selects_the_pods_helm_makes(manifests):
+    (rendered,) = kuberay.helm_template(kuberay.DEPLOY_DIR / "values.yaml")
+    spec = rendered["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        labels = group["template"]["metadata"]["labels"]
+        assert kuberay.selects(manifests["networkpolicy.yaml"]["spec"]["podSelector"], labels)
+
+
+def test_a_peer_with_both_selectors_needs_both_and_two_peers_need_either():
+    # Kubernetes' rule: one `from` entry with namespaceSelector and podSelector is an AND; two entries are an OR.
+    jupyter_ns = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "notebooks"}}}
+    jupyter_pod = {"podSelector": {"matchLabels": {"app": "jupyter"}}}
+    dashboard = [{"port": 8265}]
+    both = {"spec": {"podSelector": {}, "ingress": [{"from": [{**jupyter_ns, **jupyter_pod}], "ports": dashboard}]}}
+    either = {"spec": {"podSelector": {}, "ingress": [{"from": [jupyter_ns, jupyter_pod], "ports": dashboard}]}}
+    assert kuberay.admits(both, {"app": "jupyter"}, "notebooks", 8265)
+    assert not kuberay.admits(both, {"app": "other"}, "notebooks", 8265)
+    assert not kuberay.admits(both, {"app": "jupyter"}, "default", 8265)
+    assert not kuberay.admits(both, {"app": "jupyter"}, "notebooks", 6379)
+    assert kuberay.admits(either, {"app": "other"}, "notebooks", 8265)  # any pod of the namespace
+    assert kuberay.admits(either, {"app": "jupyter"}, "default", 8265)  # podSelector alone: the policy's namespace
+    assert not kuberay.admits(either, {"app": "jupyter"}, "elsewhere", 8265)
+    tier_in = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}
+    assert kuberay.selects(tier_in, {"tier": "b"}) and not kuberay.selects(tier_in, {"tier": "c"})
+    assert not kuberay.selects({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {})
 
 
 def test_a_dockerfile_on_another_ray_fails():
