@@ -128,7 +128,8 @@ def _path(environ: Mapping[str, str], name: str, default: Path) -> Path:
 
 
 #: The folder under a Ray session where Ray unpacks runtime envs (ray_constants.DEFAULT_RUNTIME_ENV_DIR_NAME):
-#: a submitted job's copy of its working_dir lives there, and Ray deletes it when it is no longer used.
+#: a submitted job's copy of its working_dir lives there, shared by the jobs with the same code, until Ray evicts it
+#: from the node's cache (once no job uses it and the cache passes RAY_RUNTIME_ENV_WORKING_DIR_CACHE_SIZE_GB).
 RAY_RUNTIME_ENV_DIR = "runtime_resources"
 
 
@@ -141,8 +142,8 @@ def _storage(environ: Mapping[str, str], name: str, default: str) -> str:
         # `ray job submit --working-dir .` runs the job in Ray's copy of the folder: <repo>/runs lands in it.
         given = f"{name}={raw!r} is" if raw else f"{name} is not set, and its default is"
         raise ConfigError(
-            f"{given} {path}, inside Ray's temporary copy of this job's working_dir: Ray deletes it, checkpoints "
-            f"and all. Set {name} to storage that outlives the job, e.g. in the job's runtime env: "
+            f"{given} {path}, inside Ray's copy of this job's working_dir, which other jobs share and Ray may "
+            f"delete, checkpoints and all. Set {name} to storage that outlives the job, e.g. in the job's runtime env: "
             f"--runtime-env-json '{{\"env_vars\": {{\"{name}\": \"/mnt/cluster_storage/ray-train-course\"}}}}'.")
     return str(path)
 

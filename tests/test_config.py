@@ -154,6 +154,6 @@ def test_env_example_documents_every_variable():
 def test_a_storage_path_inside_a_ray_jobs_temporary_working_dir_is_refused():
     # `ray job submit --working-dir .` runs the scripts in Ray's copy of the repository: <repo>/runs would be in it.
     job_copy = "/tmp/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_0"
-    with pytest.raises(ConfigError, match="inside Ray's temporary copy of this job's working_dir"):
+    with pytest.raises(ConfigError, match="inside Ray's copy of this job's working_dir, which other jobs share"):
         load_config({"COURSE_STORAGE_PATH": f"{job_copy}/runs"})
     assert load_config({"COURSE_STORAGE_PATH": "/mnt/shared/runs"}).storage_path == "/mnt/shared/runs"
