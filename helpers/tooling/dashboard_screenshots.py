@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,18 +26,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from helpers.tooling.local_cluster import free_ports
+
 #: The views to take, by file name: the dashboard's route.
 VIEWS = {"overview": "#/overview", "actors": "#/actors", "cluster": "#/cluster"}
 #: The browsers tried, in order.
 BROWSERS = ("chromium-headless-shell", "chromium", "google-chrome", "chromium-browser")
 #: The dashboard's login cookie (`ray._private.authentication.authentication_constants`).
 TOKEN_COOKIE = "ray-authentication-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _browser() -> str:
@@ -121,7 +116,7 @@ def main() -> None:
 
     header = next((value for key, value in ray_internals.auth_headers().items() if key.lower() == "authorization"), "")
     token = header.removeprefix("Bearer ") or None
-    debug_port = _free_port()
+    (debug_port,) = free_ports(1)
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # the browser may write as it exits
         browser = subprocess.Popen(
             [_browser(), "--headless", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={debug_port}",

@@ -514,10 +514,17 @@ def admits(policy: dict, labels: dict, namespace: str, port: int, policy_namespa
     return False
 
 
+def reach_cases() -> list[tuple]:
+    """REACH_EXPECTED, with the submitter pod labelled by the name of the RayJob in rayjob.yaml (its Job's name)."""
+    submitter = {"batch.kubernetes.io/job-name": load_manifest("rayjob.yaml")["metadata"]["name"]}
+    return [(who, submitter if "batch.kubernetes.io/job-name" in labels else labels, *rest)
+            for who, labels, *rest in REACH_EXPECTED]
+
+
 def print_reach(policy: dict) -> None:
     """Who the policy lets reach the dashboard's and the GCS's ports of the course's Ray pods."""
     print(f"{'from':<38} {DASHBOARD_PORT} (Jobs API)  {GCS_PORT} (GCS)")
-    for who, labels, namespace, _, _ in REACH_EXPECTED:
+    for who, labels, namespace, _, _ in reach_cases():
         reach = ["yes" if admits(policy, labels, namespace, port) else "no" for port in (DASHBOARD_PORT, GCS_PORT)]
         print(f"{who:<38} {reach[0]:<16} {reach[1]}")
 
@@ -533,10 +540,7 @@ def networkpolicy_errors(policy: dict) -> list[str]:
                 errors.append(f"spec.podSelector: does not select the pods of group {group.get('groupName', 'head')}"
                               f" (their labels: {labels})")
                 break
-    submitter = load_manifest("rayjob.yaml")["metadata"]["name"]
-    for who, labels, namespace, *expected in REACH_EXPECTED:
-        if "batch.kubernetes.io/job-name" in labels:
-            labels = {"batch.kubernetes.io/job-name": submitter}
+    for who, labels, namespace, *expected in reach_cases():
         for port, should in zip((DASHBOARD_PORT, GCS_PORT), expected):
             if admits(policy, labels, namespace, port) != should:
                 errors.append(f"spec.ingress: {who} {'cannot' if should else 'can'} reach port {port}"

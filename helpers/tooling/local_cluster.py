@@ -139,7 +139,7 @@ class LocalCluster:
     def _start_head(self) -> None:
         """Write the token (and the autoscaling config), then `ray start --head` on free ports."""
         assert self.temp_dir is not None
-        gcs_port, dashboard_port, client_port = _free_ports(3)
+        gcs_port, dashboard_port, client_port = free_ports(3)
         # The address `ray start --head` advertises: it calls the same function (the first IP, not 127.0.0.1).
         self.address = gcs_address(get_node_ip_address(), gcs_port)
         self.dashboard_url = f"http://127.0.0.1:{dashboard_port}"
@@ -262,7 +262,7 @@ class LocalCluster:
         self.stop()
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """`count` distinct TCP ports that are free now (held open together, so the OS picks different ones)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
