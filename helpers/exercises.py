@@ -28,16 +28,20 @@ def _holds(expectation: Callable[[], object]) -> tuple[bool, str]:
         return False, f" ({type(error).__name__}: {error})"
 
 
-def check(exercise: str, expectations: Mapping[str, Callable[[], object]], strict: bool = False) -> None:
-    """Print whether `exercise` passes: each key says what must hold, its value tests it."""
+def check(exercise: str, expectations: Mapping[str, Callable[[], object]], strict: bool = False,
+          kind: str = "Exercise") -> None:
+    """Print whether `exercise` passes: each key says what must hold, its value tests it.
+
+    `kind` names what is checked in the message: "Exercise 2", or a capstone's "Step 2".
+    """
     if not expectations:
         raise ValueError("a check needs at least one expectation")
     results = {what: _holds(test) for what, test in expectations.items()}
     failed = [f"  - {what}{why}" for what, (held, why) in results.items() if not held]
     if failed:
-        message = f"✗ Exercise {exercise}, not yet:\n" + "\n".join(failed)
+        message = f"✗ {kind} {exercise}, not yet:\n" + "\n".join(failed)
     else:
-        message = f"✓ Exercise {exercise} passes:\n" + "\n".join(f"  - {what}" for what in results)
+        message = f"✓ {kind} {exercise} passes:\n" + "\n".join(f"  - {what}" for what in results)
     print(message)
     if strict and failed:
         raise ExerciseNotPassed(message)

@@ -1,9 +1,10 @@
-"""Small training utilities every lesson reuses: seeding and evaluation."""
+"""Small training utilities every lesson reuses: seeding and evaluation (on one device, or split between workers)."""
 
 from __future__ import annotations
 
 import platform
 import random
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -35,6 +36,28 @@ def evaluate(
         correct += (logits.argmax(dim=1) == labels).sum().item()
         count += labels.numel()
     return {"loss": total_loss / count, "accuracy": correct / count}
+
+
+@torch.no_grad()
+def evaluate_distributed(model: nn.Module, batches: Iterable, device: torch.device | str) -> dict[str, float]:
+    """Loss and accuracy over a test set split between workers, the same figures as `evaluate` on all of it.
+
+    Each worker sums the loss, the correct predictions and the images of its own (images, labels) batches; an
+    all-reduce adds up the sums of every worker. Without a process group (one device) the sums are this process's.
+    """
+    model.eval()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, images
+    for images, labels in batches:
+        images, labels = images.to(device), labels.to(device)
+        logits = model(images)
+        totals[0] += loss_fn(logits, labels).double()
+        totals[1] += (logits.argmax(dim=1) == labels).sum()
+        totals[2] += labels.numel()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(totals)  # the sums over every worker's share, on every worker
+    loss_sum, correct, count = totals.tolist()
+    return {"loss": loss_sum / count, "accuracy": correct / count, "images": int(count)}
 
 
 @torch.no_grad()
