@@ -34,7 +34,8 @@ def loop(config: dict, shard: bool = True, only_rank_0_reports: bool = False) ->
     context = ray.train.get_context()
     train = DataLoader(CifarParquet(config["root"], "train", config["max_rows"]["train"]),
                        batch_size=config["global_batch_size"] // context.get_world_size(), shuffle=True)
-    test = ray.train.torch.prepare_data_loader(DataLoader(CifarParquet(config["root"], "test", config["max_rows"]["test"])))
+    test = DataLoader(CifarParquet(config["root"], "test", config["max_rows"]["test"]))
+    test = ray.train.torch.prepare_data_loader(test)
     train = ray.train.torch.prepare_data_loader(train) if shard else train
     model = ray.train.torch.prepare_model(vit_cifar10(smoke_test=True))
     optimizer = torch.optim.AdamW(model.parameters())
