@@ -34,6 +34,8 @@ CHECK_EPOCHS = 2
 #: in which only some ranks report fails the check in seconds instead of hanging.
 CHECK_COLLECTIVE_TIMEOUT_S = 15
 COLLECTIVE_TIMEOUT_VAR = "RAY_TRAIN_COLLECTIVE_TIMEOUT_S"
+#: Seconds for Ray to forward a failed run's worker logs to the notebook before the check prints its verdict.
+LOG_SETTLE_S = 2
 
 
 def unfinished(function: Callable) -> list[str]:
@@ -90,28 +92,30 @@ def _checkpoint_accuracy(result, root: str) -> float:
         files = sorted(Path(checkpoint_dir).glob("*.pt"))
         if len(files) != 1:
             raise AssertionError(f"the checkpoint holds {[f.name for f in files]}, not one .pt file")
+        state = torch.load(files[0], map_location="cpu")
+        if all(key.startswith("module.") for key in state):
+            raise AssertionError("the checkpoint holds DDP's wrapper (keys 'module.…'): save model.module.state_dict()")
         model = vit_cifar10(smoke_test=True)
-        model.load_state_dict(torch.load(files[0], map_location="cpu"))
+        model.load_state_dict(state)
     loader = DataLoader(CifarParquet(root, "test", CHECK_ROWS["test"]), batch_size=512)
     return evaluate(model, loader, "cpu")["accuracy"]
 
 
 def check_step(step: str, loop: Callable[[dict], None], config: dict,
-               make_datasets: Callable[[str, dict], dict] | None = None, strict: bool = False):
+               make_datasets: Callable[[str, dict], dict] | None = None, strict: bool = False) -> None:
     """Run `loop` as a short `fit()` and print what holds ("✓ Step 2 passes") or what does not yet.
 
     `config` is the lesson's `train_loop_config`; the check overrides the size (a small ViT, `CHECK_ROWS`, 2 epochs
-    of 4 steps). For a loop fed by Ray Data, `make_datasets(root, CHECK_ROWS)` builds its datasets. Returns the
-    run's `Result`, or None when the loop is unfinished or the run failed; with `strict=True` anything that does
-    not hold raises `ExerciseNotPassed`.
+    of 4 steps). For a loop fed by Ray Data, `make_datasets(root, CHECK_ROWS)` builds its datasets. With
+    `strict=True` anything that does not hold raises `ExerciseNotPassed`.
     """
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     if names := unfinished(loop):
-        check(step, {f"write {', '.join(f'`{name}`' for name in names)}: still `...` (the check runs it then)":
+        check(step, {f"{', '.join(f'`{name}`' for name in names)} still has `...`: write it, then run this cell again":
                      lambda: False}, strict, kind="Step")
-        return None
+        return
     check_config = {**config, "num_epochs": CHECK_EPOCHS, "global_batch_size": 16, "smoke_test": True,
                     "max_rows": CHECK_ROWS, "started_at": time.time()}
     trainer = TorchTrainer(
@@ -124,8 +128,9 @@ def check_step(step: str, loop: Callable[[dict], None], config: dict,
         with _collective_timeout(CHECK_COLLECTIVE_TIMEOUT_S):
             result = trainer.fit()
     except Exception as error:  # the learner's loop failed: say why, do not stop the notebook
+        time.sleep(LOG_SETTLE_S)  # the workers' tracebacks reach the notebook first, the verdict after them
         check(step, {f"the run finishes ({_why_failed(error)})": lambda: False}, strict, kind="Step")
-        return None
+        return
 
     metrics, share = result.metrics, CHECK_ROWS["train"] // CHECK_WORKERS
     check(step, {
@@ -138,4 +143,18 @@ def check_step(step: str, loop: Callable[[dict], None], config: dict,
         "rank 0's checkpoint holds the model: loaded, it reproduces the reported test_acc":
             lambda: abs(_checkpoint_accuracy(result, config["root"]) - metrics["test_acc"]) < 1e-6,
     }, strict, kind="Step")
-    return result
+
+
+# ---- references for the lesson's exercises ----------------------------------------------------------------------
+
+def wall_after_epochs(results, num_epochs: int) -> dict[str, float]:
+    """Each step's wall time for `num_epochs` epochs, from a one-epoch results table: train and evaluate repeat,
+    everything else is counted once."""
+    every_epoch = results["train (s)"] + results["evaluate (s)"]
+    return (results["wall time (s)"] + (num_epochs - 1) * every_epoch).to_dict()
+
+
+def ring_allreduce_megabytes(model: torch.nn.Module, num_workers: int) -> float:
+    """Megabytes each of `num_workers` workers sends per step in a ring all-reduce of `model`'s gradients."""
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return 2 * (num_workers - 1) / num_workers * gradient_bytes / 1e6

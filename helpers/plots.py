@@ -1,4 +1,4 @@
-"""Figures the lessons show: predictions and training curves."""
+"""Figures the lessons show: predictions, training curves, spreads and the parts of a run's wall time."""
 
 from __future__ import annotations
 
@@ -110,6 +110,22 @@ def streaming_scaling(reports: list[dict]) -> Figure:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def stacked_parts(table: pd.DataFrame, parts: Sequence[str], xlabel: str) -> Figure:
+    """One horizontal bar per row of `table`, split into the seconds of its `parts` columns, in order."""
+    fig, ax = plt.subplots(figsize=(9, 0.5 + 0.55 * len(table)))
+    left = np.zeros(len(table))
+    for part in parts:
+        seconds = table[part].astype(float).to_numpy()
+        ax.barh(table.index, seconds, left=left, label=part.removesuffix(" (s)"))
+        left += seconds
+    ax.invert_yaxis()  # the first row on top, as in the table
+    ax.set_xlabel(xlabel)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(parts), frameon=False)
     fig.tight_layout()
     plt.close(fig)
     return fig

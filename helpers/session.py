@@ -155,8 +155,33 @@ def start_ray(cfg: CourseConfig) -> float:
     logging.getLogger("ray").setLevel(logging.WARNING)
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)  # "Progress bars disabled"
+    logging.getLogger("ray.data.dataset").addFilter(_drop_cpu_race_warning)
     ray.data.DataContext.get_current().enable_progress_bars = False
     return time.perf_counter() - started
+
+
+#: How long `_drop_cpu_race_warning` waits for a CPU to come back before it lets Ray Data's warning through.
+CPU_RACE_WAIT_S = 5.0
+
+
+def _drop_cpu_race_warning(record: logging.LogRecord) -> bool:
+    """Keep Ray Data's "no available CPUs" warning out when it is a race, not a shortage.
+
+    Ray Data warns that "the Ray cluster currently does not have any available CPUs" and that the dataset "will hang"
+    when a dataset starts in this process (`materialize()`, `take_batch()`) while the workers of a `fit()` that just
+    returned are still handing their CPUs back. If a CPU is free within `CPU_RACE_WAIT_S`, that was the race and the
+    warning is dropped; otherwise it is a real shortage and the warning reaches the notebook.
+    """
+    import ray
+
+    if "does not have any available CPUs" not in record.getMessage():
+        return True
+    deadline = time.monotonic() + CPU_RACE_WAIT_S
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0) > 0:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def setup(start: bool = True) -> CourseConfig:

@@ -79,9 +79,9 @@ def config(course_ray, tmp_path_factory) -> dict:
 def test_a_skeleton_is_not_run_and_the_learner_is_told_what_to_write(config, capsys):
     assert unfinished(skeleton) == ["skeleton"] and unfinished(loop) == []
     started = time.perf_counter()
-    assert check_step("2", skeleton, config) is None
+    check_step("2", skeleton, config)
     assert time.perf_counter() - started < 1
-    assert "✗ Step 2, not yet:\n  - write `skeleton`: still `...`" in capsys.readouterr().out
+    assert "✗ Step 2, not yet:\n  - `skeleton` still has `...`: write it" in capsys.readouterr().out
 
 
 def test_a_loop_without_prepare_data_loader_fails_the_share_check(config, capsys):
@@ -96,3 +96,16 @@ def test_a_loop_where_only_rank_0_reports_fails_within_the_collective_timeout(co
     with pytest.raises(ExerciseNotPassed, match=r"rank\(s\) \[1\] never called ray.train.report"):
         check_step("2", only_rank_0_reports, config, strict=True)
     assert time.perf_counter() - started < CHECK_COLLECTIVE_TIMEOUT_S + 90  # the fit's start-up, then the timeout
+
+
+def test_the_exercise_references_count_what_repeats_and_what_a_ring_sends():
+    import pandas as pd
+
+    from helpers.capstone import ring_allreduce_megabytes, wall_after_epochs
+
+    results = pd.DataFrame({"wall time (s)": [100.0], "train (s)": [60.0], "evaluate (s)": [10.0]}, index=["step"])
+    assert wall_after_epochs(results, 1) == {"step": 100.0}
+    assert wall_after_epochs(results, 10) == {"step": 100.0 + 9 * 70.0}
+    linear = nn.Linear(1000, 250)  # 250,250 parameters: 1.001 MB of float32 gradients
+    assert ring_allreduce_megabytes(linear, 2) == pytest.approx(1.001)
+    assert ring_allreduce_megabytes(linear, 8) == pytest.approx(2 * 7 / 8 * 1.001)

@@ -155,16 +155,16 @@ def test_testing_metadata_holds_only_known_keys(path):
 
 
 #: A check call of helpers.exercises: `check("2", ...)`, and whether it is strict.
-CHECK_CALL = re.compile(r"\bcheck\(\s*[\"']([^\"']+)[\"']")
+CHECK_CALL = re.compile(r"\bcheck(?:_step)?\(\s*[\"']([^\"']+)[\"']")  # an exercise's, or a capstone step's
 
 
 def exercise_problems(cells: list[dict]) -> list[str]:
-    """What is wrong with a notebook's exercises (helpers.exercises): every solution cell is collapsed, ends with a
-    strict check, and follows a check of the same exercise that the learner runs first."""
+    """What is wrong with a notebook's exercises (helpers.exercises, helpers.capstone): every solution cell is
+    collapsed, ends with a strict check (or is the first part of a solution whose next cell does), and follows a check
+    of the same exercise that the learner runs first."""
     problems, checked = [], set()
-    for index, cell in enumerate(cells):
-        if cell["cell_type"] != "code":
-            continue
+    code_cells = [(index, cell) for index, cell in enumerate(cells) if cell["cell_type"] == "code"]
+    for position, (index, cell) in enumerate(code_cells):
         source = _source(cell)
         calls = CHECK_CALL.findall(source)
         if "solution" not in cell.get("metadata", {}).get("tags", []):
@@ -172,7 +172,10 @@ def exercise_problems(cells: list[dict]) -> list[str]:
             continue
         if not cell["metadata"].get("jupyter", {}).get("source_hidden"):
             problems.append(f"cell {index}: a solution is collapsed (metadata jupyter.source_hidden: true)")
-        if not calls or "strict=True" not in source:
+        following = code_cells[position + 1][1] if position + 1 < len(code_cells) else None
+        continued = (not calls and following is not None and "solution" in following["metadata"].get("tags", [])
+                     and CHECK_CALL.search(_source(following)) and "strict=True" in _source(following))
+        if not continued and (not calls or "strict=True" not in source):
             problems.append(f"cell {index}: a solution ends with its exercise's check(..., strict=True)")
         problems += [f"cell {index}: exercise {name}'s solution comes before the learner's check(\"{name}\", ...)"
                      for name in calls if name not in checked]
@@ -195,3 +198,6 @@ def test_the_exercise_rule_finds_each_mistake():
     assert "collapsed" in exercise_problems([check, {**solution, "metadata": {"tags": ["solution"]}}])[0]
     assert "strict=True" in exercise_problems([check, code('check("1", {})', solution=True)])[0]
     assert "comes before" in exercise_problems([solution, check])[0]
+    first_part = code("def helper(): return 1", solution=True)
+    assert exercise_problems([learner, check, first_part, solution]) == []  # a solution in two cells
+    assert "strict=True" in exercise_problems([learner, check, solution, first_part])[0]  # a part with no check after

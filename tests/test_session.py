@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import ray
@@ -110,3 +112,32 @@ def test_no_token_or_an_explicit_mode_is_left_alone(tmp_path):
     assert _token_mode_after_join_preparation(tmp_path) == "unset"
     assert _token_mode_after_join_preparation(tmp_path, RAY_AUTH_TOKEN="0123abcd", RAY_AUTH_MODE="disabled") == \
         "disabled"
+
+
+def test_setup_drops_ray_datas_cpu_warning_only_when_cpus_come_back(ray_setup, caplog):
+    """Ray Data (ray/data/dataset.py, logger "ray.data.dataset") warns that a dataset "will hang" when it starts with no
+    free CPU. setup() drops that message when a CPU is free again within seconds (a finished fit() handing its CPUs
+    back), and lets it through while the CPUs stay taken; other messages pass."""
+    import ray.data.dataset as dataset_module
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from helpers.session import CPU_RACE_WAIT_S
+
+    setup()
+    assert dataset_module.logger.name == "ray.data.dataset"
+    assert "currently does not have any " in inspect.getsource(dataset_module)
+    message = ("Warning: The Ray cluster currently does not have any available CPUs. The Dataset job will hang unless "
+               "more CPUs are freed up.")
+    with caplog.at_level(logging.WARNING, logger="ray.data.dataset"):
+        dataset_module.logger.warning(message)  # CPUs free: dropped
+        dataset_module.logger.warning("some other warning")
+        every_cpu = placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
+        ray.get(every_cpu.ready(), timeout=30)
+        try:
+            started = time.monotonic()
+            dataset_module.logger.warning(message)  # every CPU taken: a real shortage, kept
+            waited = time.monotonic() - started
+        finally:
+            remove_placement_group(every_cpu)
+    assert [record.getMessage() for record in caplog.records] == ["some other warning", message]
+    assert CPU_RACE_WAIT_S <= waited < CPU_RACE_WAIT_S + 2
