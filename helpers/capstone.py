@@ -88,6 +88,8 @@ def _why_failed(error: Exception) -> str:
 
 def _checkpoint_accuracy(result, root: str) -> float:
     """Accuracy on the check's test rows of the weights in the run's last checkpoint (its one `.pt` file)."""
+    if result.checkpoint is None:
+        raise AssertionError("the run has no checkpoint: rank 0 passes one to ray.train.report(..., checkpoint=...)")
     with result.checkpoint.as_directory() as checkpoint_dir:
         files = sorted(Path(checkpoint_dir).glob("*.pt"))
         if len(files) != 1:
@@ -132,16 +134,22 @@ def check_step(step: str, loop: Callable[[dict], None], config: dict,
         check(step, {f"the run finishes ({_why_failed(error)})": lambda: False}, strict, kind="Step")
         return
 
-    metrics, share = result.metrics, CHECK_ROWS["train"] // CHECK_WORKERS
+    share = CHECK_ROWS["train"] // CHECK_WORKERS
+
+    def metric(name: str):
+        if name not in result.metrics:
+            raise AssertionError(f"the reported metrics have no {name!r}: report what run_epoch returns")
+        return result.metrics[name]
+
     check(step, {
         f"every worker reports every epoch: {CHECK_EPOCHS} reports":
             lambda: expect_equal(len(result.metrics_dataframe), CHECK_EPOCHS),
         f"each worker trains on its own share: {share} of the {CHECK_ROWS['train']} images":
-            lambda: expect_equal(metrics["train_images"], share),
+            lambda: expect_equal(metric("train_images"), share),
         f"the evaluation covers the {CHECK_ROWS['test']} test images once, split between the workers":
-            lambda: expect_equal(metrics["test_images"], CHECK_ROWS["test"]),
+            lambda: expect_equal(metric("test_images"), CHECK_ROWS["test"]),
         "rank 0's checkpoint holds the model: loaded, it reproduces the reported test_acc":
-            lambda: abs(_checkpoint_accuracy(result, config["root"]) - metrics["test_acc"]) < 1e-6,
+            lambda: abs(_checkpoint_accuracy(result, config["root"]) - metric("test_acc")) < 1e-6,
     }, strict, kind="Step")
 
 
