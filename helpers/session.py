@@ -43,8 +43,10 @@ def quiet_worker_logs() -> None:
 #: Set in every worker unless your environment sets them. RAY_DATA_LOG_LEVEL: Ray Data's info lines (each pass over a
 #: dataset shard logs its start, its plan and its end, every epoch) stay out of the notebook and out of its log files.
 #: RAY_TRAIN_ENABLE_PRINT_PATCH: with Ray Train's print patch on, a print() in the training loop reaches the
-#: notebook twice, once as output and once as a log record.
-WORKER_ENV_DEFAULTS = {"RAY_DATA_LOG_LEVEL": "WARNING", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+#: notebook twice, once as output and once as a log record. KINETO_LOG_LEVEL: torch.profiler's library (Kineto) logs
+#: every profiler start and stop to stderr, and torch's CUDA build without a GPU adds "gpuGetDeviceCount failed";
+#: 6 is above its highest level (set 4 on a GPU to see Kineto's errors).
+WORKER_ENV_DEFAULTS = {"RAY_DATA_LOG_LEVEL": "WARNING", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "KINETO_LOG_LEVEL": "6"}
 
 
 def job_runtime_env() -> dict | None:

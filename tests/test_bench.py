@@ -148,3 +148,13 @@ def test_the_printed_table_gives_median_spread_and_verdict():
 def test_a_missing_recorded_report_says_how_to_make_it():
     with pytest.raises(FileNotFoundError, match="python -m helpers.tooling.bench --json"):
         bench.recorded_report("no-such-report")
+
+
+def test_the_rest_of_a_fit_is_taken_run_by_run():
+    fit = {"fit_s": {"rounds": [100.0, 90.0, 120.0]}, "epochs_s": {"rounds": [60.0, 70.0, 60.0]},
+           "worker_group_total": {"rounds": [10.0, 10.0, 30.0]}}
+    assert bench.rest_of_fit(fit) == 30.0  # the rests: 30, 10, 30
+    fit["fit_s"]["rounds"] = [100.0, 120.0, 90.0]  # the rests: 30, 40, 0; the medians' difference is 100-60-10 = 30
+    assert bench.rest_of_fit(fit) == 30.0
+    fit["epochs_s"]["rounds"] = [80.0, 70.0, 60.0]  # the rests: 10, 40, 0; the medians' difference is 100-70-10 = 20
+    assert bench.rest_of_fit(fit) == 10.0

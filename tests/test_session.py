@@ -63,12 +63,14 @@ def test_workers_get_helpers_and_the_settings_through_the_runtime_env(ray_setup)
         py_modules = ray.get_runtime_context().runtime_env.get("py_modules", [])
         env = {k: v for k, v in os.environ.items() if k.startswith(("COURSE_", "PYTHONWARNINGS"))}
         levels = [logging.getLogger(name).level for name in ("ray.data", ray_internals.ray_train_report_logger())]
-        return py_modules, env, levels, os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH")
+        switches = os.environ.get("RAY_TRAIN_ENABLE_PRINT_PATCH"), os.environ.get("KINETO_LOG_LEVEL")
+        return py_modules, env, levels, *switches
 
-    py_modules, env, levels, print_patch = ray.get(inside_a_worker.remote())
+    py_modules, env, levels, print_patch, kineto_level = ray.get(inside_a_worker.remote())
     # Ray Data's info lines (one per dataset pass) and Ray Train's line per report stay out of the notebook.
     assert levels == [logging.WARNING, logging.WARNING]
     assert print_patch == "0", "with Ray Train's print patch, a print in the loop reaches the notebook twice"
+    assert kineto_level == "6", "torch.profiler's library logs every start and stop to the notebook"
     # Ray's own deprecation warning about what Ray Train sets itself is filtered in every worker.
     assert "ignore:`ExecutionOptions.exclude_resources` is deprecated" in env.pop("PYTHONWARNINGS")
     # The package travels as an uploaded archive, so it imports on nodes without this checkout.

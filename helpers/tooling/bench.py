@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 import psutil
@@ -53,6 +54,7 @@ from helpers.models import resnet18_mnist
 from helpers.tooling import ray_internals
 from helpers.training import seed_everything
 
+T = TypeVar("T")
 PARTS = ("device", "ddp", "data")
 ROUNDS = 5
 GLOBAL_BATCH_SIZE = 128
@@ -99,8 +101,8 @@ def rotated(variants: list, round_index: int) -> list:
     return variants[shift:] + variants[:shift]
 
 
-def run_rounds(variants: dict[str, Callable[[], float]], rounds: int, warmup: bool = False) -> dict[str, list[float]]:
-    """Run every variant once per round, in rotated order; each variant's figure per round, in round order.
+def run_rounds(variants: dict[str, Callable[[], T]], rounds: int, warmup: bool = False) -> dict[str, list[T]]:
+    """Run every variant once per round, in rotated order; what each variant returned per round, in round order.
 
     `warmup` first runs the first variant once and drops it: the process' one-off costs (allocator, kernel
     choice, first imports) then do not land on round 1's first variant.
@@ -340,6 +342,17 @@ def startup_phases(records: list[dict]) -> dict[str, float]:
     if missing:
         raise RuntimeError(f"Ray Train's controller log has no record of {sorted(missing)}: is this Ray 2.60?")
     return phases
+
+
+def rest_of_fit(fit: dict[str, dict]) -> float:
+    """The median over the rounds of the seconds a fit() spent neither starting its workers nor in training steps.
+
+    `fit` is one Ray Train variant of the ddp part's `fit` (each figure's `rounds`, in round order). The difference is
+    taken run by run: a difference of medians would mix runs from different rounds.
+    """
+    rests = [total - epochs - start for total, epochs, start in zip(
+        fit["fit_s"]["rounds"], fit["epochs_s"]["rounds"], fit["worker_group_total"]["rounds"], strict=True)]
+    return statistics.median(rests)
 
 
 def ray_train_run(num_workers: int, steps: int, repeats: int, use_gpu: bool, data_dir: str, storage_path: str) -> dict:

@@ -1,0 +1,273 @@
+"""Where the time of one training step goes: `torch.profiler` on every rank of a Ray Train run, read as phases.
+
+Lesson 10's profiled loop labels each phase of a step with `record_function` (`PHASES`) and hands the profiler a
+`StepTrace` as its `on_trace_ready`. `StepTrace` turns the profiled steps into milliseconds per phase and keeps the
+Chrome trace (open it in https://ui.perfetto.dev); `gather_ranks` brings every rank's phases to rank 0.
+The rest is what the lesson does not teach: the models and batches its runs profile, and its tables.
+
+The phases are read on the CPU's timeline, the device here. On a GPU the kernels run asynchronously after the
+CPU launches them: profile with `ProfilerActivity.CUDA` as well and read the GPU's rows of the trace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+#: The labels the profiled loop gives the phases of a step, in order.
+PHASES = ("data_wait", "forward", "backward", "optimizer")
+#: The columns of a step's split, in order; they add up to the step.
+PARTS = ("data_wait", "forward", "backward", "allreduce_wait", "optimizer", "other")
+#: The events of a gradient all-reduce: gloo's (CPU) or NCCL's, as torch's process group records them.
+ALLREDUCE = re.compile(r"^(gloo|nccl):all_reduce")
+#: The autograd engine's work on the gradients, one event per backward function.
+AUTOGRAD = "autograd::engine::evaluate_function"
+
+
+def _within(event, start: float, end: float) -> bool:
+    return start <= event.time_range.start and event.time_range.end <= end
+
+
+def _union_ms(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """Milliseconds within [start, end] covered by at least one of `intervals` (microseconds)."""
+    clipped = sorted((max(a, start), min(b, end)) for a, b in intervals if b > start and a < end)
+    covered, reach = 0.0, start
+    for a, b in clipped:
+        if b > reach:
+            covered += b - max(a, reach)
+            reach = b
+    return covered / 1e3
+
+
+def step_phases(events: list) -> list[dict[str, float]]:
+    """Milliseconds of each part of every profiled step (`profiler.events()`), one dict per step.
+
+    The labelled ranges give `data_wait`, `forward`, `backward` and `optimizer`; `other` is what no label covers.
+    Under DDP, all-reduces run in a background thread while the backward pass computes: `allreduce_total` is the
+    time any all-reduce ran during the step, and `allreduce_wait` the part of it after the autograd engine's last
+    gradient, when the step can only wait (it is taken out of `backward`).
+    """
+    steps = sorted((e for e in events if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
+    if not steps:
+        raise ValueError("No profiled steps: call profiler.step() after every step, inside `with profile(...)`.")
+    allreduces = [(e.time_range.start, e.time_range.end) for e in events if ALLREDUCE.match(e.name)]
+    rows = []
+    for step in steps:
+        start, end = step.time_range.start, step.time_range.end
+        inside = [e for e in events if _within(e, start, end)]
+        missing = [phase for phase in PHASES if not any(e.name == phase for e in inside)]
+        if missing:
+            raise ValueError(f"A profiled step has no {missing} range: label every phase with record_function.")
+        ms = {phase: sum(e.time_range.elapsed_us() for e in inside if e.name == phase) / 1e3 for phase in PHASES}
+        backward = next(e for e in inside if e.name == "backward")
+        computed = [e.time_range.end for e in inside if e.name.startswith(AUTOGRAD)
+                    and _within(e, backward.time_range.start, backward.time_range.end)]
+        last_gradient = max(computed, default=backward.time_range.end)
+        ms["allreduce_wait"] = _union_ms(allreduces, last_gradient, backward.time_range.end)
+        ms["backward"] -= ms["allreduce_wait"]
+        ms["step"] = step.time_range.elapsed_us() / 1e3
+        ms["other"] = ms["step"] - sum(ms[part] for part in PARTS if part != "other")
+        ms["allreduce_total"] = _union_ms(allreduces, start, end)
+        rows.append(ms)
+    return rows
+
+
+_kineto_started = False
+
+
+def start_kineto_quietly() -> None:
+    """Start Kineto, torch.profiler's library, once in this process with its stderr muted.
+
+    Kineto prints "ERROR: External init callback must run in same thread as registerClient" when a profiler first
+    starts in another thread than the one that imported torch, which is where Ray Train runs the training function.
+    The callback it then skips (`LibKinetoClient::init` in torch) only starts a memory profiler for MTIA, Meta's
+    accelerator: on CPUs and CUDA GPUs the line is noise. It is a `fprintf` to the stderr file, so no log level
+    hides it; an empty profile with that file pointed at /dev/null starts Kineto without it.
+    """
+    global _kineto_started
+    if _kineto_started:
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    _kineto_started = True
+
+
+class StepTrace:
+    """A profiler's `on_trace_ready`: keeps the profiled steps' phases (`steps`, `phases`) and the Chrome trace.
+
+    The trace goes to `<folder>/trace-rank<rank>.json.gz` (a temporary folder unless given). Creating one starts
+    Kineto quietly (`start_kineto_quietly`).
+    """
+
+    def __init__(self, folder: str | Path | None = None):
+        start_kineto_quietly()
+        self.folder = Path(folder or tempfile.mkdtemp(prefix="trace-"))
+        self.steps: list[dict[str, float]] = []
+        self.path: Path | None = None
+
+    def __call__(self, profiler: torch.profiler.profile) -> None:
+        self.steps = step_phases(profiler.events())
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.path = self.folder / f"trace-rank{rank}.json.gz"
+        profiler.export_chrome_trace(str(self.path))
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Mean milliseconds of each part over the profiled steps (means, so that the parts add up to the step)."""
+        if not self.steps:
+            raise RuntimeError("The profiler has not finished a cycle: run warmup + active steps inside it.")
+        mean = {key: statistics.fmean(step[key] for step in self.steps) for key in self.steps[0]}
+        return {"rank": dist.get_rank() if dist.is_initialized() else 0, "steps": len(self.steps), **mean}
+
+
+def gather_ranks(value: object) -> list:
+    """Every rank's `value`, in rank order, on every rank (an all-gather); `[value]` without a process group."""
+    if not dist.is_initialized():
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+# --- What the lesson's runs train on ---------------------------------------------------------------------------
+
+def build_model(name: str) -> nn.Module:
+    """One of the course's models by name: `resnet18_mnist`, `vit_cifar10` (12 layers) or `vit_cifar10_small`."""
+    from helpers.cifar import vit_cifar10
+    from helpers.models import resnet18_mnist
+
+    builders: dict[str, Callable[[], nn.Module]] = {
+        "resnet18_mnist": resnet18_mnist, "vit_cifar10": vit_cifar10, "vit_cifar10_small": lambda: vit_cifar10(True)}
+    if name not in builders:
+        raise ValueError(f"Unknown model {name!r}: choose from {', '.join(builders)}.")
+    return builders[name]()
+
+
+class CifarImages(Dataset):
+    """CIFAR-10 rows as uint8 (32, 32, 3) images, each passed through `transform` when it is read."""
+
+    def __init__(self, root: str, transform: Callable, max_rows: int | None = None):
+        from helpers.cifar import read_split
+
+        self.split, self.transform = read_split(root, "train", max_rows), transform
+
+    def __len__(self) -> int:
+        return len(self.split["label"])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        # a writable copy: the pixels come from Arrow's read-only memory, and torch refuses to wrap that
+        return self.transform(self.split["image"][index].copy()), int(self.split["label"][index])
+
+
+def per_image_recipe() -> Callable[[np.ndarray], torch.Tensor]:
+    """torchvision's usual CIFAR-10 training transforms, one image at a time: crop, flip, TrivialAugment, normalise."""
+    from torchvision.transforms import v2
+
+    from helpers.cifar import CROP_PADDING, MEAN, STD
+
+    return v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=CROP_PADDING), v2.RandomHorizontalFlip(),
+                       v2.TrivialAugmentWide(), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(MEAN.tolist(), STD.tolist())])
+
+
+def augment_each_image(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ray Data's `map_batches` form of `per_image_recipe`: the same transforms, image by image, in a Ray Data task."""
+    recipe = per_image_recipe()
+    batch["image"] = np.stack([recipe(image.copy()).numpy() for image in batch["image"]])
+    return batch
+
+
+def _endless(make: Callable[[], Iterator]) -> Iterator:
+    while True:
+        yield from make()
+
+
+def batches(config: dict) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (images, labels) batches of this worker's share, from the source `config["data"]` names.
+
+    `mnist` (lesson 02's DataLoader), `cifar` (lesson 09's: normalised once, cropped and flipped per batch),
+    `cifar_per_image` (a DataLoader running `per_image_recipe`, in this process unless `config["loader_workers"]`),
+    or `ray_data` (this worker's shard of the trainer's "train" dataset).
+    """
+    import ray.train
+    import ray.train.torch
+
+    world_size = ray.train.get_context().get_world_size()
+    batch_size = config["global_batch_size"] // world_size
+    source = config["data"]
+    if source == "ray_data":
+        shard = ray.train.get_dataset_shard("train")
+        return _endless(lambda: ((b["image"], b["label"]) for b in shard.iter_torch_batches(
+            batch_size=batch_size, dtypes={"image": torch.float32, "label": torch.int64},
+            prefetch_batches=config.get("prefetch_batches", 1))))
+    if source == "mnist":
+        from helpers.data import load_mnist
+
+        loader = DataLoader(load_mnist(config["data_dir"], train=True), batch_size=batch_size, shuffle=True)
+    elif source in ("cifar", "cifar_per_image"):
+        from helpers.cifar import CifarParquet, augmented_collate
+
+        if source == "cifar":
+            loader = DataLoader(CifarParquet(config["root"], "train", config.get("max_rows")), batch_size=batch_size,
+                                shuffle=True, collate_fn=augmented_collate)
+        else:  # `loader_workers` processes run the recipe beside the training process (0: in it)
+            loader = DataLoader(CifarImages(config["root"], per_image_recipe(), config.get("max_rows")),
+                                batch_size=batch_size, shuffle=True, num_workers=config.get("loader_workers", 0),
+                                persistent_workers=config.get("loader_workers", 0) > 0)
+    else:
+        raise ValueError(f"Unknown data {source!r}: choose from mnist, cifar, cifar_per_image, ray_data.")
+    loader = ray.train.torch.prepare_data_loader(loader)
+    return _endless(lambda: iter(loader))
+
+
+# --- Tables --------------------------------------------------------------------------------------------------------
+
+def median_round(rounds: list[list[dict]]) -> list[dict]:
+    """The round whose step (its slowest rank's) is the median of the rounds: every rank's phases in it."""
+    by_step = sorted(rounds, key=lambda ranks: max(rank["step"] for rank in ranks))
+    return by_step[(len(by_step) - 1) // 2]
+
+
+def phase_table(runs: dict[str, list[list[dict]]]) -> pd.DataFrame:
+    """One row per variant and rank: milliseconds per step of each part, in the variant's median round.
+
+    `runs` maps a variant to its rounds, each round the list of every rank's `StepTrace.phases`. One round's parts,
+    not each part's median over the rounds: a round's parts add up to its step, medians of parts do not.
+    """
+    rows = {}
+    for variant, rounds in runs.items():
+        for phases in median_round(rounds):
+            label = variant if len(rounds[0]) == 1 else f"{variant} · rank {phases['rank']}"
+            rows[label] = {key: round(phases[key], 1) for key in (*PARTS, "step", "allreduce_total")}
+    return pd.DataFrame(rows).T
+
+
+def hidden_share(phases: pd.Series) -> float:
+    """The share of a step's all-reduce time that ran while the backward pass computed (hidden behind it)."""
+    return 1 - phases["allreduce_wait"] / phases["allreduce_total"]
+
+
+def images_per_s(rounds: list[list[dict]], global_batch_size: int) -> list[float]:
+    """Images per second of each round: the global batch over the slowest rank's median step."""
+    return [global_batch_size / (max(rank["step"] for rank in ranks) / 1e3) for ranks in rounds]
+

@@ -1,0 +1,162 @@
+"""helpers.profiling: a real torch.profiler trace read as the phases of a step, with and without DDP's all-reduce."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from helpers import profiling
+
+
+def _profiled_steps(model: nn.Module, trace: profiling.StepTrace, steps: int = 3, data_s: float = 0.0,
+                    phases: tuple[str, ...] = profiling.PHASES) -> None:
+    """The lesson's loop on random batches; `data_s` seconds of real work (a sort) make each batch."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=trace,
+                 schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as profiler:
+        for _ in range(1 + steps):
+            with record_function("data_wait" if "data_wait" in phases else "unlabelled"):
+                started = time.perf_counter()
+                while time.perf_counter() - started < data_s:
+                    np.sort(np.random.default_rng(0).random(10_000))
+                images, labels = torch.randn(16, 32), torch.randint(0, 4, (16,))
+            with record_function("forward"):
+                loss = nn.functional.cross_entropy(model(images), labels)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            profiler.step()
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4))
+
+
+def test_every_profiled_step_splits_into_parts_that_add_up(tmp_path):
+    trace = profiling.StepTrace(tmp_path)
+    _profiled_steps(_model(), trace, steps=3, data_s=0.02)
+    assert len(trace.steps) == 3
+    for step in trace.steps:
+        assert sum(step[part] for part in profiling.PARTS) == pytest.approx(step["step"])
+        assert step["data_wait"] >= 20  # ms: the work that made the batch
+        assert step["forward"] > 0 and step["backward"] > 0 and step["optimizer"] > 0
+        assert step["allreduce_total"] == 0  # one process, no DDP
+        assert step["allreduce_wait"] < 1
+    phases = trace.phases
+    assert phases["rank"] == 0 and phases["steps"] == 3
+    events = json.loads(gzip.decompress(trace.path.read_bytes()))["traceEvents"]
+    assert trace.path == tmp_path / "trace-rank0.json.gz"
+    assert {"data_wait", "forward", "backward", "optimizer"} <= {event.get("name") for event in events}
+
+
+def test_a_step_without_a_phase_label_is_refused_saying_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="label every phase with record_function"):
+        _profiled_steps(_model(), profiling.StepTrace(tmp_path), phases=("forward", "backward", "optimizer"))
+
+
+def test_phases_before_the_profiler_finished_say_what_to_do():
+    with pytest.raises(RuntimeError, match="warmup"):
+        _ = profiling.StepTrace().phases
+
+
+def _ddp_rank(rank: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 2048), nn.ReLU(), nn.Linear(2048, 4)))
+        trace = profiling.StepTrace(folder)
+        _profiled_steps(model, trace, steps=3)
+        gathered = profiling.gather_ranks(trace.phases)
+        if rank == 0:
+            with open(os.path.join(folder, "gathered.json"), "w") as file:
+                json.dump(gathered, file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_ddp_each_rank_sees_the_all_reduce_and_rank_0_gathers_both(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_ddp_rank, args=(port, str(tmp_path)), nprocs=2)
+    gathered = json.loads((tmp_path / "gathered.json").read_text())
+    assert [phases["rank"] for phases in gathered] == [0, 1]
+    for phases in gathered:
+        assert phases["allreduce_total"] > 0  # gloo's all-reduce of the gradients ran in every step
+        assert 0 <= phases["allreduce_wait"] <= phases["allreduce_total"]
+        assert sum(phases[part] for part in profiling.PARTS) == pytest.approx(phases["step"])
+    assert {path.name for path in tmp_path.glob("trace-rank*.json.gz")} == {"trace-rank0.json.gz",
+                                                                            "trace-rank1.json.gz"}
+
+
+def test_overlapping_all_reduces_count_once_and_only_inside_the_window():
+    # microseconds in, milliseconds out: [0, 4000] and [2000, 6000] overlap, [9000, 12000] is cut at 10000
+    intervals = [(2000.0, 6000.0), (0.0, 4000.0), (9000.0, 12000.0), (20000.0, 21000.0)]
+    assert profiling._union_ms(intervals, 1000.0, 10000.0) == pytest.approx(6.0)
+    assert profiling._union_ms([], 0.0, 10.0) == 0.0
+
+
+def test_the_per_image_recipe_in_ray_data_form_makes_normalised_crops():
+    images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
+    batch = profiling.augment_each_image({"image": images, "label": np.arange(8)})
+    assert batch["image"].shape == (8, 3, 32, 32) and batch["image"].dtype == np.float32
+    assert -3 < batch["image"].mean() < 3
+
+
+def test_an_unknown_model_names_the_choices():
+    with pytest.raises(ValueError, match="resnet18_mnist"):
+        profiling.build_model("resnet50")
+
+
+def test_the_phase_table_has_a_row_per_variant_and_rank_and_images_per_s_follow_the_slowest_rank():
+    def ranks(*steps):
+        return [{"rank": r, "steps": 2, **dict.fromkeys((*profiling.PARTS, "allreduce_total"), 1.0), "step": s}
+                for r, s in enumerate(steps)]
+    runs = {"1 worker": [ranks(100.0), ranks(120.0), ranks(110.0)],
+            "2 workers": [ranks(200.0, 250.0), ranks(210.0, 200.0), ranks(220.0, 230.0)]}
+    table = profiling.phase_table(runs)
+    assert list(table.index) == ["1 worker", "2 workers · rank 0", "2 workers · rank 1"]
+    assert table.loc["1 worker", "step"] == 110.0  # the median round
+    assert table.loc["2 workers · rank 0", "step"] == 220.0  # the median round by its slowest rank: 230 ms
+    assert table.loc["2 workers · rank 1", "step"] == 230.0
+    assert profiling.images_per_s(runs["2 workers"], 128) == pytest.approx([128 / 0.25, 128 / 0.21, 128 / 0.23])
+
+
+PROFILE_IN_A_THREAD = """
+import threading, torch
+from torch.profiler import ProfilerActivity, profile
+from helpers import profiling
+
+def train():
+    {before}
+    with profile(activities=[ProfilerActivity.CPU]):
+        torch.randn(8) * 2
+
+thread = threading.Thread(target=train)  # as Ray Train runs the training function
+thread.start()
+thread.join()
+"""
+
+
+@pytest.mark.parametrize(("before", "noise"), [("pass", True), ("profiling.StepTrace()", False)])
+def test_a_step_trace_keeps_kinetos_thread_complaint_out_of_stderr(before, noise):
+    run = subprocess.run([sys.executable, "-c", PROFILE_IN_A_THREAD.format(before=before)], capture_output=True,
+                         text=True, env={**os.environ, "KINETO_LOG_LEVEL": "6"}, check=True)
+    assert ("External init callback must run in same thread" in run.stderr) == noise, run.stderr
