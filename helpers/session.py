@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import helpers
-from helpers.config import CourseConfig, load_config, load_dotenv_file
+from helpers.config import ConfigError, CourseConfig, load_config, load_dotenv_file
 from helpers.tooling import ray_internals
 
 #: The dashboard (and the Jobs API behind it) listens on loopback only.
@@ -25,19 +25,44 @@ _dashboard_url: str | None = None
 
 
 #: Warnings Ray's own code raises in worker processes, about nothing the learner wrote or can change: Ray Train
-#: 2.60 sets a deprecated Ray Data option itself, and every Ray Data-fed fit() printed this warning.
-RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is deprecated:DeprecationWarning",)
+#: 2.60 sets a deprecated Ray Data option itself, and every Ray Data-fed fit() printed this warning; and Ray Data's
+#: `iter_torch_batches` hands torch a read-only view of a block when a batch lies within one block (small datasets,
+#: lesson 11), and torch warns that the array is not writable (ray/data/util/torch_utils.py).
+RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is deprecated:DeprecationWarning",
+                         "ignore:The given NumPy array is not writable:UserWarning")
 
 
 def quiet_worker_logs() -> None:
     """Run by Ray in every worker process it starts: Ray's per-epoch info lines stay in its log files.
 
     Ray Train's workers log every `report` as a "Reporting training result ..." line with the whole metrics dict,
-    and Ray Data warns, once per process, that its progress bars are off (`setup()` turns them off: they change
-    on every run). Warnings and errors still reach the notebook.
+    Ray Data warns, once per process, that its progress bars are off (`setup()` turns them off: they change
+    on every run), and Ray Train's placement group cleaner warns each time it frees a stopped run's resources.
+    Other warnings and errors still reach the notebook. The worker also learns its cluster's address.
     """
     logging.getLogger(ray_internals.ray_train_report_logger()).setLevel(logging.WARNING)
     logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
+    logging.getLogger(ray_internals.TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER).addFilter(_not_a_routine_cleanup)
+    name_this_cluster()
+
+
+def _not_a_routine_cleanup(record: logging.LogRecord) -> bool:
+    """False for Ray Train's routine warning that it frees the resources of a run whose controller ended: Ray Tune
+    ends the controller of every trial it stops (lesson 11). A failed cleanup still reaches the notebook."""
+    return not record.getMessage().startswith(ray_internals.TRAIN_PLACEMENT_GROUP_CLEANUP)
+
+
+def name_this_cluster() -> None:
+    """Run in every worker process: RAY_ADDRESS names the cluster this worker belongs to, unless already set.
+
+    Ray's State API looks a cluster up by RAY_ADDRESS, else by the Ray processes running on the machine, and fails
+    with "Found multiple active Ray instances" when there are several (two notebooks' local Rays). Ray Train 2.60's
+    PlacementGroupCleaner uses it to see whether a run's controller is alive; when it fails, the placement group of
+    a run whose controller was killed (a Tune trial stopped, lesson 11) is never removed, and its CPUs stay reserved.
+    """
+    import ray
+
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
 
 #: Set in every worker unless your environment sets them. RAY_DATA_LOG_LEVEL: Ray Data's info lines (each pass over a
@@ -129,13 +154,23 @@ def token_auth_state(joined: bool) -> str:
     return f"on: Ray requires its token (this kernel's from {token_source()})"
 
 
-def start_ray(cfg: CourseConfig) -> float:
-    """Start an embedded local Ray (or connect to `RAY_ADDRESS`); return the seconds it took."""
+def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> float:
+    """Start an embedded local Ray (or connect to `RAY_ADDRESS`); return the seconds it took.
+
+    `object_store_memory` (bytes) sizes the local Ray's object store (Ray's default: 30% of RAM). A cluster's nodes
+    sized theirs when they started (`ray start --object-store-memory`), so with RAY_ADDRESS it must be None.
+    """
     import ray
 
     global _dashboard_url
 
+    if cfg.ray_address and object_store_memory is not None:
+        raise ConfigError(f"object_store_memory sizes a local Ray's object store, but RAY_ADDRESS={cfg.ray_address} "
+                          "joins a cluster, whose nodes sized theirs when they started.\nTo fix it: leave the size "
+                          "out, or unset RAY_ADDRESS to start a local Ray.")
     local = {} if cfg.ray_address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
+    if object_store_memory is not None:
+        local["object_store_memory"] = object_store_memory
     if cfg.ray_address:
         send_token_if_given()  # a cluster with token auth refuses a driver that does not send it
     else:

@@ -143,3 +143,24 @@ def test_setup_drops_ray_datas_cpu_warning_only_when_cpus_come_back(ray_setup, c
             remove_placement_group(every_cpu)
     assert [record.getMessage() for record in caplog.records] == ["some other warning", message]
     assert CPU_RACE_WAIT_S <= waited < CPU_RACE_WAIT_S + 2
+
+
+def test_workers_know_their_cluster_and_keep_the_routine_cleanup_warning_out(ray_setup):
+    setup()
+
+    @ray.remote
+    def inside_a_worker() -> tuple[str | None, list[bool], str]:
+        cleaner = logging.getLogger(ray_internals.TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER)
+
+        def kept(message: str) -> bool:
+            return bool(cleaner.filter(logging.LogRecord(cleaner.name, logging.WARNING, "", 0, message, None, None)))
+
+        routine = f"{ray_internals.TRAIN_PLACEMENT_GROUP_CLEANUP} (abc) is dead. Cleaning up placement group = [x]"
+        return (os.environ.get("RAY_ADDRESS"), [kept(routine), kept("Failed to clean up placement group: x")],
+                os.environ.get("PYTHONWARNINGS", ""))
+
+    address, kept, warning_filters = ray.get(inside_a_worker.remote())
+    # Ray's State API, which Ray Train's placement group cleaner uses, finds this cluster even beside another Ray.
+    assert address == ray.get_runtime_context().gcs_address
+    assert kept == [False, True], "only the routine cleanup leaves the notebook; a failed one reaches it"
+    assert "ignore:The given NumPy array is not writable:UserWarning" in warning_filters
