@@ -96,14 +96,28 @@ def confusion_matrix(labels: Sequence[int], predictions: Sequence[int], num_clas
 
 def streaming_scaling(reports: list[dict]) -> Figure:
     """Training time (left) and peak memory per kind of process (right) against the data size, from
-    `train_streaming.py`'s JSON reports: time should grow with the size, memory should stay flat."""
-    reports = sorted(reports, key=lambda report: report["size_gb_requested"])
-    sizes = [report["size_gb_requested"] for report in reports]
+    `train_streaming.py`'s JSON reports, one or more runs per size: the median run, whiskers from the smallest to the
+    largest. Time should grow with the size, memory should stay flat. When the runs sized the object store
+    (`--object-store-mib`), a dashed line marks its capacity."""
+    sizes = sorted({report["size_gb_requested"] for report in reports})
+    runs = [[report for report in reports if report["size_gb_requested"] == size] for size in sizes]
+
+    def plot(ax, figure, label: str) -> None:
+        values = [[figure(report) for report in size_runs] for size_runs in runs]
+        medians = np.array([np.median(size_values) for size_values in values])
+        spread = [medians - [min(v) for v in values], [max(v) for v in values] - medians]
+        ax.errorbar(sizes, medians, yerr=spread, marker="o", capsize=3, label=label)
+
     fig, (ax_time, ax_memory) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax_time.plot(sizes, [report["fit_s"] for report in reports], marker="o", label="training (fit)")
+    plot(ax_time, lambda report: report["fit_s"], "training (fit)")
+    plot(ax_time, lambda report: sum(report["epoch_s"]), "the epochs alone")
     ax_time.set_ylabel("time (s)")
     for kind in reports[0]["peak_mib"]:
-        ax_memory.plot(sizes, [report["peak_mib"][kind] for report in reports], marker="o", label=kind)
+        plot(ax_memory, lambda report, kind=kind: report["peak_mib"][kind], kind)
+    sized = {report["object_store"]["capacity_mib"] for report in reports
+             if report.get("stream", {}).get("object_store_mib_requested") is not None}
+    if len(sized) == 1:
+        ax_memory.axhline(sized.pop(), linestyle="--", color="gray", label="object store capacity")
     ax_memory.set_ylabel("peak memory (MiB)")
     for ax in (ax_time, ax_memory):
         ax.set_xlabel("data size (GB)")
@@ -126,6 +140,28 @@ def stacked_parts(table: pd.DataFrame, parts: Sequence[str], xlabel: str) -> Fig
     ax.invert_yaxis()  # the first row on top, as in the table
     ax.set_xlabel(xlabel)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(parts), frameon=False)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def trial_curves(history: pd.DataFrame, metric: str = "test_acc", x: str = "epoch", best: str | None = None) -> Figure:
+    """`metric` per `x` for every trial of a search (`history`: one row per result, with `trial_id`), one line per
+    trial; trials that stopped before the longest ones end in a cross, and the `best` trial's line is the thickest."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    last = history.groupby("trial_id")[x].max()
+    for trial_id, rows in history.groupby("trial_id", sort=True):
+        rows = rows.sort_values(x)
+        stopped = last[trial_id] < last.max()
+        line, = ax.plot(rows[x], rows[metric], marker="o", markersize=3, linewidth=3 if trial_id == best else 1.2,
+                        label=f"{trial_id}{' (best)' if trial_id == best else ''}{' (stopped)' if stopped else ''}")
+        if stopped:
+            ax.plot(rows[x].iloc[-1], rows[metric].iloc[-1], marker="x", markersize=10, color=line.get_color())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(x)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     plt.close(fig)
     return fig

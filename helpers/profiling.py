@@ -166,10 +166,10 @@ def build_model(name: str) -> nn.Module:
 class CifarImages(Dataset):
     """CIFAR-10 rows as uint8 (32, 32, 3) images, each passed through `transform` when it is read."""
 
-    def __init__(self, root: str, transform: Callable, max_rows: int | None = None):
+    def __init__(self, root: str, transform: Callable):
         from helpers.cifar import read_split
 
-        self.split, self.transform = read_split(root, "train", max_rows), transform
+        self.split, self.transform = read_split(root, "train"), transform
 
     def __len__(self) -> int:
         return len(self.split["label"])
@@ -228,10 +228,10 @@ def batches(config: dict) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from helpers.cifar import CifarParquet, augmented_collate
 
         if source == "cifar":
-            loader = DataLoader(CifarParquet(config["root"], "train", config.get("max_rows")), batch_size=batch_size,
+            loader = DataLoader(CifarParquet(config["root"], "train"), batch_size=batch_size,
                                 shuffle=True, collate_fn=augmented_collate)
         else:  # `loader_workers` processes run the recipe beside the training process (0: in it)
-            loader = DataLoader(CifarImages(config["root"], per_image_recipe(), config.get("max_rows")),
+            loader = DataLoader(CifarImages(config["root"], per_image_recipe()),
                                 batch_size=batch_size, shuffle=True, num_workers=config.get("loader_workers", 0),
                                 persistent_workers=config.get("loader_workers", 0) > 0)
     else:

@@ -1,16 +1,17 @@
 """Training on more data than fits in memory: a synthetic image dataset on the storage path, streamed into Ray Train.
 
-Kept here once for `notebooks/train_streaming.py` (seed 004's `pytorch_training_e2e.py`) and its lesson:
+Kept here once for `notebooks/train_streaming.py` and lesson 10:
 
 - `synthetic_folder` writes N GB of random images as Parquet under the storage path, once, with Ray Data itself
   (so writing streams too, and works on a cluster and on s3://); `remove_synthetic_images` is the clean-up step;
 - `streaming_dataset` reads and normalises it lazily: nothing is materialized, Ray Data streams blocks to the
-  workers while they train;
+  workers while they train, within a fixed object-store budget (`streaming_data_config`);
 - `train_loop_per_worker` is the loop the lesson teaches (the `# [n]` marks say what changed from lesson 03's);
 - `WorkerReports` and `check_every_row_once` check that every epoch saw every row exactly once.
 
 The script's flags are `helpers.tooling.scripts.parse_streaming_args`; `helpers.tooling.memory.MemoryPeaks` samples
-every node's processes while the run goes, to show that memory stays flat as data grows.
+every node's processes and object store while the run goes, to show that memory stays flat as data grows and that
+nothing is spilled to disk.
 
 Sizes in GB are GiB here (2**30 bytes), so that "1 GB of data" and "1024 MiB of memory" compare directly.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 import ray
 import ray.data
 import ray.train
@@ -34,6 +36,7 @@ from ray.train import UserCallback
 from helpers import storage
 from helpers.cluster import StoragePathError
 from helpers.results import run_path
+from helpers.tooling import ray_internals
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,10 +50,12 @@ MIB = 2**20
 #: One image: 3 x 64 x 64 uint8 pixels, 12 KiB. 1 GB is 87,384 images.
 IMAGE_SHAPE = (3, 64, 64)
 ROW_BYTES = math.prod(IMAGE_SHAPE)
+#: How the files store an image: its ROW_BYTES pixel bytes as one value (see `make_images`).
+IMAGE_TYPE = pa.binary(ROW_BYTES)
 #: The dataset has a multiple of this many rows, so 1, 2, 3, 4, 6 or 8 workers split it exactly (Ray Train splits
 #: a dataset with `streaming_split(equal=True)`, which drops the remainder to give every worker as many rows).
 ROW_MULTIPLE = 24
-#: Rows per Parquet file (10 MiB): the same at every size, so each read task holds the same amount of memory.
+#: Rows per Parquet file (10 MiB, one row group): the same at every size.
 ROWS_PER_FILE = 840
 #: Datasets live under `<storage_path>/datasets/`, each in a folder named for its size.
 DATASETS = "datasets"
@@ -72,9 +77,13 @@ def synthetic_path(storage_path: str, size_gb: float) -> str:
 
 
 def dataset_marker(folder: str) -> dict[str, Any] | None:
-    """The marker of a complete dataset folder (rows, bytes, shape, ...), or None when the folder is incomplete."""
-    marker = storage.join(folder, COMPLETE_MARKER)
-    return json.loads(storage.read_text(marker)) if storage.is_file(marker) else None
+    """The marker of a complete dataset folder (rows, bytes, shape, ...), or None when the folder is incomplete or
+    holds images in another layout (earlier versions of this code wrote them as lists of uint8)."""
+    path = storage.join(folder, COMPLETE_MARKER)
+    if not storage.is_file(path):
+        return None
+    marker = json.loads(storage.read_text(path))
+    return marker if marker.get("image_type") == str(IMAGE_TYPE) else None
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -85,16 +94,21 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def make_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`{"id"}` -> `{"id", "label", "image"}`: each id's image and label, always the same for the same id.
+def make_images(batch: dict[str, np.ndarray]) -> pa.Table:
+    """`{"id"}` -> a table of `id`, `label` and `image`: each id's image and label, always the same for the same id.
 
-    The pixels are hashes of (id, position): incompressible, so the Parquet files take the bytes they hold.
+    The pixels are hashes of (id, position): incompressible, so the Parquet files take the bytes they hold. Each image
+    is one value of ROW_BYTES raw bytes (IMAGE_TYPE), as image datasets keep each encoded image: Parquet reads a file's
+    images as one buffer. Written as a numpy array, they would be a tensor column, a list of uint8 per image, which
+    Parquet decodes with two levels per pixel: measured here, pyarrow's memory pool peaked at 151 MiB to read one
+    10 MiB file (39 MiB for this layout), and the largest Ray Data process of a 0.25 GB run held 2.0 GiB (0.55 GiB).
     """
     ids = batch["id"].astype(np.int64)
     words = ROW_BYTES // 8
     counters = ids.astype(np.uint64)[:, np.newaxis] * np.uint64(words) + np.arange(words, dtype=np.uint64)
-    images = _splitmix64(counters).view(np.uint8).reshape(len(ids), *IMAGE_SHAPE)
-    return {"id": ids, "label": ids % 10, "image": images}
+    pixels = _splitmix64(counters).view(np.uint8)  # one row of ROW_BYTES bytes per image
+    images = pa.FixedSizeBinaryArray.from_buffers(IMAGE_TYPE, len(ids), [None, pa.py_buffer(pixels)])
+    return pa.table({"id": ids, "label": ids % 10, "image": images})
 
 
 def synthetic_folder(storage_path: str, size_gb: float) -> str:
@@ -102,19 +116,20 @@ def synthetic_folder(storage_path: str, size_gb: float) -> str:
 
     Ray Data writes it: a stream of tasks, each making and writing one file, so no process ever holds the whole
     dataset, and every node of a cluster can take a share (the storage path must then be shared, or s3://).
-    The marker is written last: a folder without it (an interrupted write) is deleted and written again.
+    The marker is written last: a folder without it (an interrupted write), or with images in another layout, is
+    deleted and written again.
     """
     folder = synthetic_path(storage_path, size_gb)
     if dataset_marker(folder) is not None:
         return folder
-    storage.delete_dir(folder)  # an interrupted write: start again from nothing
+    storage.delete_dir(folder)  # an interrupted write, or another layout: start again from nothing
     num_rows = num_rows_for(size_gb)
     started = time.perf_counter()
     (ray.data.range(num_rows, override_num_blocks=math.ceil(num_rows / ROWS_PER_FILE))  # ids 0..num_rows-1
      .map_batches(make_images, batch_size=None)  # one block in, one file's rows out
      .write_parquet(folder))
     marker = {"rows": num_rows, "bytes": storage.size(folder), "image_shape": list(IMAGE_SHAPE),
-              "size_gb": size_gb, "write_s": round(time.perf_counter() - started, 2)}
+              "image_type": str(IMAGE_TYPE), "size_gb": size_gb, "write_s": round(time.perf_counter() - started, 2)}
     storage.write_text(storage.join(folder, COMPLETE_MARKER), json.dumps(marker, indent=1) + "\n")
     return folder
 
@@ -152,27 +167,38 @@ def check_free_disk(storage_path: str, size_gb: float) -> None:
 
 # --- Streaming it into training --------------------------------------------------------------------------------
 
-def normalize_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per batch: uint8 pixels -> float32 in [-1, 1] (4x the bytes: this is why the stream should not pile up)."""
-    images = batch["image"].astype(np.float32)  # the one copy; the arithmetic below works in place
+def normalize_images(batch: pa.Table) -> dict[str, np.ndarray]:
+    """Per batch: each image's bytes -> 3 x 64 x 64 float32 pixels in [-1, 1] (4x the bytes: this is why the stream
+    should not pile up)."""
+    column = batch.column("image").combine_chunks()  # one fixed-size binary array: one buffer of pixel bytes
+    pixels = np.frombuffer(column.buffers()[1], np.uint8, len(column) * ROW_BYTES, column.offset * ROW_BYTES)
+    images = pixels.reshape(len(column), *IMAGE_SHAPE).astype(np.float32)  # the one copy; the rest works in place
     images *= 2 / 255
     images -= 1.0
-    batch["image"] = images
-    return batch
+    return {"id": batch.column("id").to_numpy(), "label": batch.column("label").to_numpy(), "image": images}
 
 
-#: Rows per call of `normalize_images`: 12 MiB of float32 at a time, whatever the size of a read task's block.
-NORMALIZE_BATCH_ROWS = 256
-#: Object-store bytes Ray Data may fill ahead of the training workers. Training is slower than reading here, so
-#: without a cap the stream runs ahead until Ray Data's default budget (a share of the object store, which is
-#: 30% of RAM) is full: the bigger the dataset, the more it fills. A fixed cap keeps memory flat at any size.
-STREAM_OBJECT_STORE_BYTES = 512 * MIB
-
-
-#: The largest block Ray Data makes (its default is 128 MiB); Ray Data 2.60 also packs files into read tasks up to
-#: about this size. Measured here with 2 workers, the largest read process peaked at 1.9 GB (0.25 GB of data) and
-#: 3.4 GB (1 GB) with the defaults, and at 2.2 and 2.6 GB with this setting: better, not yet flat (not explained).
-STREAM_BLOCK_BYTES = 32 * MIB
+#: Parquet bytes (uncompressed) Ray Data may pack into one read task. A read task decodes all of its files at once,
+#: one thread per file; Ray Data 2.60 packs up to 128 MiB, so about 12 of these 10 MiB files. Measured with 2 workers
+#: at 0.25 GB, the largest Ray Data process held 550 MiB (128 MiB read tasks) and 305 MiB (32 MiB): 3 files.
+READ_TASK_BYTES = 32 * MIB
+#: Actors that read the Parquet files' footers each time Ray Data lists the dataset, that is every epoch. Ray Data
+#: 2.60 starts up to 32, each a new process of about 110 MiB. Measured at 0.5 GB (52 files, 3 rounds), one actor
+#: instead made Ray Data's processes together hold 589 MiB instead of 1,121, and every run shorter (0.75x).
+FOOTER_ACTORS = 1
+#: The largest block Ray Data makes (its default is 128 MiB): 8 MiB of images, 680 rows. `normalize_images` turns a
+#: block into 4x its bytes of float32 (32 MiB) at once, and the training workers hold a block or two each.
+STREAM_BLOCK_BYTES = 8 * MIB
+#: Object-store bytes Ray Data may fill ahead of the training workers: the blocks it has made that are not yet freed,
+#: those the workers are training on included. Training is slower than reading here, so without a cap the stream
+#: runs ahead until Ray Data's default budget (half of the object store, itself 30% of RAM) is full: the bigger the
+#: dataset, the more it fills. A fixed cap keeps memory flat at any size.
+#: The object store holds more than this: Ray deletes the blocks every process has let go of in batches, once a
+#: second, so a store with room to spare also keeps up to a second of released blocks. Measured with the default
+#: store at 1 GB, it peaked at 274-327 MiB (3 runs; at a sample of 298 MiB, 118 MiB were still referenced), and at
+#: 142 MiB with Ray deleting every 0.1 s (RAY_free_objects_period_milliseconds=100). A store of twice the budget
+#: streamed 0.5-2 GB without spilling anything to disk (`train_streaming.py --object-store-mib 256`).
+STREAM_OBJECT_STORE_BYTES = 128 * MIB
 
 
 def streaming_dataset(folder: str) -> ray.data.Dataset:
@@ -180,10 +206,13 @@ def streaming_dataset(folder: str) -> ray.data.Dataset:
     context = ray.data.DataContext.get_current()  # copied into each new dataset
     before, context.target_max_block_size = context.target_max_block_size, STREAM_BLOCK_BYTES
     try:
-        dataset = ray.data.read_parquet(folder)
+        with ray_internals.parquet_read_plan(READ_TASK_BYTES, FOOTER_ACTORS):  # Ray Data plans the read here
+            dataset = ray.data.read_parquet(folder)
     finally:
         context.target_max_block_size = before
-    return dataset.map_batches(normalize_images, batch_size=NORMALIZE_BATCH_ROWS)
+    # batch_size=None: a whole block per call. Ray Data then runs the read and the normalisation in the same task
+    # ("ReadFiles->MapBatches"): the uint8 images never go through the object store, only the float32 ones.
+    return dataset.map_batches(normalize_images, batch_size=None, batch_format="pyarrow")
 
 
 def streaming_data_config() -> ray.train.DataConfig:
@@ -279,3 +308,29 @@ def check_every_row_once(reports: list[list[dict[str, Any]]], num_rows: int, num
                 f"Epoch {epoch} did not see every row exactly once: the workers saw {rows} rows (ids adding up to "
                 f"{id_sum}), the dataset has {num_rows} (ids adding up to {expected_sum}). Rows were lost or "
                 "repeated between the dataset and the workers.")
+
+
+# --- Reading the runs ---------------------------------------------------------------------------------------------
+
+def runs_table(runs: dict[str, list[dict[str, Any]]]):
+    """One row per size from `train_streaming.py`'s JSON reports (several runs each): median [min-max] of the time
+    and of each kind's peak memory (MiB), the object store's capacity, and the most any run spilled to disk or wrote
+    to fallback files (objects created on disk when the store was full)."""
+    import pandas as pd
+
+    def spread(values: list[float]) -> str:
+        return f"{np.median(values):.0f} [{min(values):.0f}-{max(values):.0f}]"
+
+    rows = {}
+    for size, reports in runs.items():
+        first = reports[0]
+        rows[size] = {
+            "images": first["num_rows"], "GB on disk": round(first["bytes_on_disk"] / GB, 2), "runs": len(reports),
+            "fit (s)": spread([r["fit_s"] for r in reports]),
+            "an epoch (s)": spread([s for r in reports for s in r["epoch_s"]]),
+            **{f"{kind} (MiB)": spread([r["peak_mib"][kind] for r in reports]) for kind in first["peak_mib"]},
+            "store capacity (MiB)": first["object_store"]["capacity_mib"],
+            "spilled (MiB)": max(r["object_store"]["spilled_bytes"] for r in reports) / MIB,
+            "fallback (MiB)": max(r["object_store"].get("fallback_mib", 0.0) for r in reports),
+        }
+    return pd.DataFrame(rows).T

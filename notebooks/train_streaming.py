@@ -1,12 +1,15 @@
 """Stream a synthetic image dataset larger than memory into Ray Train, and measure peak memory by kind of process.
 
     python notebooks/train_streaming.py --data-size-gb 1 --num-epochs 2 --num-workers 2
+    python notebooks/train_streaming.py --data-size-gb 1 --object-store-mib 256   # 1 GB through a 256 MiB store
     python notebooks/train_streaming.py --smoke-test          # 0.01 GB
 
 Writes N GB of images as Parquet under `<storage path>/datasets/` once (reused by later runs), then trains a small
 CNN on it for a few epochs, reading it from disk again every epoch: nothing is materialized. While it trains,
-one sampler per node records each kind of process' peak memory. Peak memory should stay about the same at
-0.25, 0.5 and 1 GB while the time grows with the size. `helpers.streaming.remove_synthetic_images` cleans up.
+one sampler per node records each kind of process' peak memory and the object stores' peak, and what they spilled
+to disk. Peak memory should stay about the same at every size while the time grows with the size; with
+`--object-store-mib`, the local Ray's object store is smaller than the dataset, and nothing should be spilled.
+`helpers.streaming.remove_synthetic_images` cleans up.
 Defaults come from the course configuration (environment and .env, see .env.example); flags win.
 """
 
@@ -32,7 +35,11 @@ from helpers.runs import new_run_name
 from helpers.session import start_ray
 from helpers.streaming import (
     GB,
+    MIB,
+    READ_TASK_BYTES,
     ROW_MULTIPLE,
+    STREAM_BLOCK_BYTES,
+    STREAM_OBJECT_STORE_BYTES,
     WorkerReports,
     check_every_row_once,
     check_free_disk,
@@ -52,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_streaming_args(__doc__.split("\n")[0], argv)
     size_gb = requested_size_gb(args)
     cfg = load_config()
-    start_ray(cfg)
+    start_ray(cfg, object_store_memory=None if args.object_store_mib is None else args.object_store_mib * MIB)
     storage_path = check_storage_path(args.storage_path)  # before the dataset is written there
     check_free_disk(storage_path, size_gb)
     cfg = dataclasses.replace(cfg, num_workers=args.num_workers, storage_path=storage_path)
@@ -94,14 +101,19 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "size_gb_requested": size_gb, "bytes_on_disk": marker["bytes"], "num_rows": marker["rows"],
         "image_shape": marker["image_shape"], "num_workers": scaling.num_workers, "num_epochs": args.num_epochs,
+        "stream": {"budget_mib": STREAM_OBJECT_STORE_BYTES / MIB, "block_mib": STREAM_BLOCK_BYTES / MIB,
+                   "read_task_mib": READ_TASK_BYTES / MIB, "object_store_mib_requested": args.object_store_mib},
         "write_s": round(write_s, 2), "fit_s": round(fit_s, 2),
         "epoch_s": [round(max(rank["epoch_s"] for rank in ranks), 2) for ranks in reports],
         "rows_per_epoch": [sum(rank["rows"] for rank in ranks) for ranks in reports],
-        "peak_mib": peaks.mib, "peak_mib_by_title": peaks.titles,
+        "peak_mib": peaks.mib, "object_store": peaks.store, "processes": peaks.processes,
     }
     print(f"trained {args.num_epochs} epoch(s) on {scaling.num_workers} worker(s) in {fit_s:.1f} s "
           f"(epochs: {', '.join(f'{s:.1f} s' for s in report['epoch_s'])}); every epoch saw every row once")
-    print("peak memory (MiB, USS): " + ", ".join(f"{kind} {mib:.0f}" for kind, mib in peaks.mib.items()))
+    print("peak memory (MiB): " + ", ".join(f"{kind} {mib:.0f}" for kind, mib in peaks.mib.items()))
+    store = peaks.store
+    print(f"object store: peak {peaks.mib['object_store']:.0f} MiB of {store['capacity_mib']:.0f} MiB; spilled to "
+          f"disk {store['spilled_bytes']} bytes, in fallback files {store['fallback_mib']:.0f} MiB at most")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"report: {args.json}")

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
+import os
+import re
+import subprocess
+import time
 import zlib
 from collections import namedtuple
 from pathlib import Path
@@ -20,10 +25,15 @@ from helpers.cluster import StoragePathError
 from helpers.plots import streaming_scaling
 from helpers.streaming import (
     COMPLETE_MARKER,
+    FOOTER_ACTORS,
     GB,
     IMAGE_SHAPE,
+    IMAGE_TYPE,
+    MIB,
+    READ_TASK_BYTES,
     ROW_BYTES,
     ROW_MULTIPLE,
+    ROWS_PER_FILE,
     check_every_row_once,
     check_free_disk,
     dataset_marker,
@@ -31,10 +41,23 @@ from helpers.streaming import (
     normalize_images,
     num_rows_for,
     remove_synthetic_images,
+    runs_table,
+    streaming_dataset,
     synthetic_folder,
     synthetic_path,
 )
-from helpers.tooling.memory import DATA, TRAIN_WORKER, merge_peaks, process_kind
+from helpers.tooling import ray_internals
+from helpers.tooling.memory import (
+    DATA,
+    OTHER,
+    PEAK_KINDS,
+    TRAIN_WORKER,
+    MemoryPeaks,
+    merge_peaks,
+    merge_store,
+    own_bytes,
+    process_kind,
+)
 from helpers.tooling.scripts import parse_streaming_args, requested_size_gb
 
 TINY_GB = 0.002  # 2 MiB: 168 images
@@ -50,8 +73,10 @@ def test_the_size_defaults_to_1_gb_and_to_0_01_gb_in_smoke_mode_unless_given():
     assert size(2, False) == 2.0
     assert parse_streaming_args("x", ["--smoke-test"]).data_size_gb is None
     args = parse_streaming_args("x", ["--data-size-gb", "0.25", "--num-epochs", "3", "--num-workers", "1",
-                                      "--json", "r.json"])
+                                      "--json", "r.json", "--object-store-mib", "256"])
     assert (args.data_size_gb, args.num_epochs, args.num_workers, args.json) == (0.25, 3, 1, "r.json")
+    assert args.object_store_mib == 256
+    assert parse_streaming_args("x", []).object_store_mib is None, "Ray's own object store unless asked"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -60,12 +85,25 @@ def test_the_size_defaults_to_1_gb_and_to_0_01_gb_in_smoke_mode_unless_given():
     (["--data-size-gb", "nan"], "--data-size-gb must be more than 0"),
     (["--num-epochs", "0"], "--num-epochs must be at least 1, got 0"),
     (["--num-workers", "0"], "--num-workers must be at least 1, got 0"),
+    (["--object-store-mib", "64"], "--object-store-mib must be at least 75 (Ray's smallest object store), got 64"),
 ])
-def test_bad_flags_fail_with_a_clear_message(argv, message, capsys):
+def test_bad_flags_fail_with_a_clear_message(argv, message, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(SystemExit) as exit_info:
         parse_streaming_args("x", argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_small_object_store_is_refused_on_a_cluster_saying_what_to_do(capsys, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_streaming_args("x", ["--object-store-mib", "256"])
+    assert exit_info.value.code == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "RAY_ADDRESS=10.0.0.1:6379 joins a running cluster" in error
+    assert "ray start --object-store-memory=<bytes>" in error and "leave out --object-store-mib" in error
+    assert parse_streaming_args("x", []).object_store_mib is None, "without the flag, a cluster is fine"
 
 
 def test_a_dataset_larger_than_the_free_disk_is_refused_saying_what_to_do(tmp_path, monkeypatch):
@@ -87,18 +125,23 @@ def test_row_counts_make_the_size_and_split_evenly():
     assert num_rows_for(1e-9) == ROW_MULTIPLE
 
 
-def test_images_are_deterministic_per_id_and_incompressible():
-    batch = make_images({"id": np.arange(10, 20)})
-    assert batch["image"].shape == (10, *IMAGE_SHAPE) and batch["image"].dtype == np.uint8
-    assert batch["label"].tolist() == [i % 10 for i in range(10, 20)]
+def test_images_are_deterministic_per_id_incompressible_and_one_value_each():
+    table = make_images({"id": np.arange(10, 20)})
+    assert table.column_names == ["id", "label", "image"] and table.schema.field("image").type == IMAGE_TYPE
+    pixels = np.frombuffer(table.column("image").combine_chunks().buffers()[1], np.uint8).reshape(10, *IMAGE_SHAPE)
+    assert table.column("label").to_pylist() == [i % 10 for i in range(10, 20)]
     again = make_images({"id": np.array([15, 10])})
-    np.testing.assert_array_equal(again["image"], batch["image"][[5, 0]])
-    raw = batch["image"].tobytes()
+    assert again.column("image").to_pylist() == [table.column("image")[5].as_py(), table.column("image")[0].as_py()]
+    raw = pixels.tobytes()
     assert len(zlib.compress(raw)) > 0.99 * len(raw)
-    assert not np.array_equal(batch["image"][0], batch["image"][1])
-    normalised = normalize_images({"image": batch["image"].copy()})["image"]
-    assert normalised.dtype == np.float32 and normalised.min() >= -1 and normalised.max() <= 1
-    np.testing.assert_allclose(normalised, batch["image"] / 255 * 2 - 1, atol=1e-6)
+    assert not np.array_equal(pixels[0], pixels[1])
+
+    normalised = normalize_images(table.slice(3, 4))  # a slice starts inside the buffer: its offset is honoured
+    assert normalised["id"].tolist() == [13, 14, 15, 16] and normalised["label"].tolist() == [3, 4, 5, 6]
+    images = normalised["image"]
+    assert images.shape == (4, *IMAGE_SHAPE) and images.dtype == np.float32
+    assert images.min() >= -1 and images.max() <= 1
+    np.testing.assert_allclose(images, pixels[3:7] / 255 * 2 - 1, atol=1e-6)
 
 
 def _read_ids(folder: str) -> np.ndarray:
@@ -118,6 +161,17 @@ def test_the_dataset_is_written_once_with_about_the_requested_bytes(course_ray, 
     files = {path: path.stat().st_mtime_ns for path in Path(folder).iterdir()}
     assert synthetic_folder(str(tmp_path), TINY_GB) == folder
     assert {path: path.stat().st_mtime_ns for path in Path(folder).iterdir()} == files, "rewritten"
+
+
+def test_a_folder_of_images_in_the_old_layout_is_written_again(course_ray, tmp_path):
+    folder = Path(synthetic_folder(str(tmp_path), TINY_GB))
+    marker = json.loads((folder / COMPLETE_MARKER).read_text())
+    assert marker["image_type"] == "fixed_size_binary[12288]"
+    del marker["image_type"]  # what earlier versions wrote, with images as lists of uint8
+    (folder / COMPLETE_MARKER).write_text(json.dumps(marker))
+    assert dataset_marker(str(folder)) is None
+    synthetic_folder(str(tmp_path), TINY_GB)
+    assert dataset_marker(str(folder))["image_type"] == "fixed_size_binary[12288]"
 
 
 def test_an_incomplete_folder_is_written_again(course_ray, tmp_path):
@@ -155,11 +209,13 @@ def test_the_clean_up_removes_only_the_synthetic_datasets(tmp_path):
     ("ray::ListFiles", DATA),
     ("ray::SplitCoordinator.get", DATA),
     ("ray::_StatsActor", DATA),
-    ("ray::IDLE", None),
-    ("ray::TrainController.run", None),
+    ("ray::FooterReader.read_footers", DATA),
+    ("ray::_split_single_block", DATA),
+    ("ray::IDLE", OTHER),
+    ("ray::TrainController.run", OTHER),
+    ("ray::Mapper", OTHER),
     ("ray::MemorySampler", None),
-    ("/usr/bin/python notebooks/train_streaming.py", None),
-    ("ray::Mapper", None),
+    ("ray::MemorySampler.stop", None),
 ])
 def test_processes_are_told_apart_by_their_titles(title, kind):
     assert process_kind(title) == kind
@@ -180,19 +236,138 @@ def test_every_row_once_per_epoch_is_checked():
 
 def test_peaks_of_several_nodes_merge_into_maxima_and_sums_in_mib():
     mib = 2**20
-    nodes = [{"train_worker_max": 300 * mib, "data_max": 100 * mib, "data_sum": 250 * mib, "object_store": 10 * mib},
-             {"train_worker_max": 200 * mib, "data_max": 150 * mib, "data_sum": 150 * mib, "object_store": 5 * mib}]
-    assert merge_peaks(400 * mib, nodes) == {"driver": 400.0, "train_worker_max": 300.0, "data_max": 150.0,
-                                             "data_sum": 400.0, "object_store": 15.0}
+    nodes = [{"train_worker_max": 300 * mib, "data_max": 100 * mib, "data_sum": 250 * mib, "other_sum": 900 * mib,
+              "object_store": 10 * mib, "object_store_capacity": 256 * mib, "object_store_fallback": 0,
+              "spilled": 0, "restored": 0, "created": 5 * GB},
+             {"train_worker_max": 200 * mib, "data_max": 150 * mib, "data_sum": 150 * mib, "other_sum": 100 * mib,
+              "object_store": 5 * mib, "object_store_capacity": 128 * mib, "object_store_fallback": 3 * mib,
+              "spilled": 7, "restored": 2, "created": GB}]
+    peaks = merge_peaks(400 * mib, nodes)
+    assert peaks == {"driver": 400.0, "train_worker_max": 300.0, "data_max": 150.0, "data_sum": 400.0,
+                     "other_sum": 1000.0, "object_store": 15.0}
+    assert tuple(peaks) == PEAK_KINDS
+    assert merge_store(nodes) == {"capacity_mib": 384.0, "fallback_mib": 3.0, "spilled_bytes": 7, "restored_bytes": 2,
+                                  "created_bytes": 6 * GB}
 
 
-def test_the_scaling_figure_plots_time_and_each_kind_of_memory_against_the_size():
-    peaks = {"driver": 500.0, "train_worker_max": 480.0, "data_max": 300.0, "data_sum": 700.0, "object_store": 400.0}
-    reports = [{"size_gb_requested": size, "fit_s": 40 * size + 30, "peak_mib": peaks} for size in (1, 0.25, 0.5)]
+def test_own_memory_counts_a_process_heap_not_the_shared_memory_it_touches(tmp_path):
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm: own_bytes is USS there")
+    before = own_bytes(os.getpid())
+    heap = np.ones(64 * MIB, dtype=np.uint8)  # 64 MiB of this process's own pages, touched
+    after_heap = own_bytes(os.getpid())
+    path = shm / f"test-own-bytes-{os.getpid()}"
+    try:
+        with path.open("w+b") as file:  # a shared-memory file, as Ray's object store is
+            file.truncate(64 * MIB)
+            with mmap.mmap(file.fileno(), 64 * MIB) as shared:
+                shared[:] = b"\x01" * (64 * MIB)  # touched, and only this process maps it: in its USS
+                after_shared = own_bytes(os.getpid())
+    finally:
+        path.unlink()
+    assert after_heap - before >= 60 * MIB
+    assert abs(after_shared - after_heap) < 8 * MIB
+    del heap
+
+
+@pytest.fixture(scope="module")
+def four_files(course_ray, tmp_path_factory) -> str:
+    """A synthetic dataset of 4 files (3,360 rows, 40 MiB)."""
+    folder = synthetic_folder(str(tmp_path_factory.mktemp("streaming")), 4 * ROWS_PER_FILE * ROW_BYTES / GB)
+    assert len(list(Path(folder).glob("*.parquet"))) == 4
+    return folder
+
+
+def _operators(stats: str) -> dict[str, int]:
+    """Each operator of a dataset's stats, and the tasks it ran."""
+    return {name: int(tasks) for name, tasks in re.findall(r"^Operator \d+ (.+?): (\d+) tasks executed", stats,
+                                                           re.MULTILINE)}
+
+
+def test_a_read_task_packs_at_most_read_task_bytes_of_files(four_files):
+    names = (ray_internals.PARQUET_READ_TASK_BYTES_VAR, ray_internals.PARQUET_FOOTER_ACTORS_VAR)
+    assert not set(names) & set(os.environ)
+    with ray_internals.parquet_read_plan(READ_TASK_BYTES, FOOTER_ACTORS):  # 32 MiB: 3 files of about 10 MiB, then 1
+        packed = ray.data.read_parquet(four_files)
+    assert not set(names) & set(os.environ), "set only within the block"
+    default = ray.data.read_parquet(four_files)  # Ray Data's 128 MiB: all 4 files in one task
+    tasks = [_operators(dataset.materialize().stats())["ReadFilesParquetV2"] for dataset in (packed, default)]
+    assert tasks == [2, 1]
+
+
+def test_the_stream_reads_and_normalises_in_one_task_and_keeps_every_row(four_files):
+    dataset = streaming_dataset(four_files).materialize()
+    assert list(_operators(dataset.stats())) == ["ListFiles", "ReadFilesParquetV2->MapBatches(normalize_images)"]
+    batch = dataset.take_batch(5)
+    assert batch["image"].shape == (5, *IMAGE_SHAPE) and batch["image"].dtype == np.float32
+    ids = np.sort(np.concatenate([batch["id"] for batch in dataset.iter_batches(batch_size=None)]))
+    np.testing.assert_array_equal(ids, np.arange(4 * ROWS_PER_FILE))
+
+
+def _hold_64_mib(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A Ray Data task that holds 64 MiB of its own for half a second, and returns 1 KiB per row (1 MiB blocks: large
+    enough for the object store, where Ray keeps objects over 100 KiB)."""
+    held = np.ones(64 * MIB, dtype=np.uint8)
+    time.sleep(0.5)
+    return {"x": batch["id"] * 2, "kib": held[: len(batch["id"]) * 1024].reshape(-1, 1024)}
+
+
+def test_memory_peaks_see_this_clusters_processes_and_its_object_store(course_ray):
+    # A process titled like a Ray Data task, outside this cluster (as another user's Ray would be): not counted.
+    stranger = subprocess.Popen(["bash", "-c", 'exec -a "ray::ReadFilesParquetV2" sleep 60'])
+    try:
+        with MemoryPeaks() as peaks:
+            rows = ray.data.range(4000, override_num_blocks=4).map_batches(_hold_64_mib, batch_size=None).take_all()
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert sorted(row["x"] for row in rows) == list(range(0, 8000, 2))
+    assert stranger.pid not in {seen["pid"] for seen in peaks.processes}
+    holders = [seen for seen in peaks.processes if any("MapBatches(_hold_64_mib)" in title for title in seen["titles"])]
+    assert holders and all(seen["kind"] == DATA for seen in holders)
+    assert peaks.mib["data_max"] == max(seen["peak_mib"] for seen in holders) > 64 + 50, "a Ray worker holds ~100 MiB"
+    assert peaks.mib["object_store"] > 0 and peaks.store["created_bytes"] >= 4000 * 1024
+    assert peaks.store["capacity_mib"] > 75 and peaks.store["spilled_bytes"] == 0
+    assert all(not title.startswith("ray::MemorySampler") for seen in peaks.processes for title in seen["titles"])
+
+
+def _report(size_gb: float, fit_s: float, data_max: float, capacity_mib: float = 256.0) -> dict:
+    peaks = {"driver": 480.0, "train_worker_max": 490.0, "data_max": data_max, "data_sum": 600.0, "other_sum": 1200.0,
+             "object_store": 250.0}
+    return {"size_gb_requested": size_gb, "fit_s": fit_s, "epoch_s": [fit_s / 2 - 10, fit_s / 2 - 10],
+            "peak_mib": peaks, "object_store": {"capacity_mib": capacity_mib},
+            "stream": {"object_store_mib_requested": 256}}
+
+
+def test_the_scaling_figure_plots_each_size_median_and_spread_against_the_size():
+    reports = [_report(1, 100, 350), _report(0.25, 40, 340), _report(1, 120, 360), _report(0.25, 44, 344),
+               _report(1, 110, 355), _report(0.25, 42, 342)]
     fig = streaming_scaling(reports)
     ax_time, ax_memory = fig.axes
-    (line,) = ax_time.get_lines()
-    assert list(line.get_xdata()) == [0.25, 0.5, 1] and list(line.get_ydata()) == [40.0, 50.0, 70.0]
-    assert [line.get_label() for line in ax_memory.get_lines()] == list(peaks)
+    fit, epochs = ax_time.containers  # one errorbar per figure: the median's line, and the whiskers min-max
+    assert list(fit.lines[0].get_xdata()) == [0.25, 1] and list(fit.lines[0].get_ydata()) == [42.0, 110.0]
+    assert list(epochs.lines[0].get_ydata()) == [22.0, 90.0]
+    (whiskers,) = fit.lines[2]
+    assert [tuple(segment[:, 1]) for segment in whiskers.get_segments()] == [(40.0, 44.0), (100.0, 120.0)]
+    assert [container.get_label() for container in ax_memory.containers] == list(reports[0]["peak_mib"])
+    data_max = ax_memory.containers[2]
+    assert list(data_max.lines[0].get_ydata()) == [342.0, 355.0]
+    (capacity,) = [line for line in ax_memory.get_lines() if line.get_label() == "object store capacity"]
+    assert list(capacity.get_ydata()) == [256.0, 256.0]
     assert ax_time.get_xlabel() == ax_memory.get_xlabel() == "data size (GB)"
     assert ax_memory.get_ylabel() == "peak memory (MiB)"
+
+
+
+def test_the_runs_table_gives_each_size_its_median_and_spread():
+    def report(fit_s, data_max, spilled=0):
+        return {"num_rows": 43680, "bytes_on_disk": GB // 2, "fit_s": fit_s, "epoch_s": [fit_s / 2, fit_s / 2],
+                "peak_mib": {"data_max": data_max},
+                "object_store": {"capacity_mib": 256.0, "spilled_bytes": spilled, "fallback_mib": 0.0}}
+    table = runs_table({"0.5 GB": [report(40, 300), report(60, 340), report(50, 320, spilled=MIB)]})
+    row = table.loc["0.5 GB"]
+    assert row["fit (s)"] == "50 [40-60]" and row["an epoch (s)"] == "25 [20-30]"
+    assert row["data_max (MiB)"] == "320 [300-340]"
+    assert row["runs"] == 3 and row["spilled (MiB)"] == 1.0 and row["store capacity (MiB)"] == 256.0
+    assert row["fallback (MiB)"] == 0.0  # none of these reports wrote to fallback files

@@ -58,7 +58,7 @@ T = TypeVar("T")
 PARTS = ("device", "ddp", "data")
 ROUNDS = 5
 GLOBAL_BATCH_SIZE = 128
-#: Where lesson 10 reads the committed reports: `bench-<part>.json`.
+#: Where lesson 10 reads the committed report, `bench.json`.
 RESULTS_DIR = REPO_ROOT / "notebooks" / "results"
 #: The sizes of a full run, and of `--quick` (one round; it checks that everything runs, it concludes nothing).
 FULL = {"rounds": ROUNDS, "ddp_steps": 40, "ddp_repeats": 2, "data_rows": 5120, "data_epochs": 2,

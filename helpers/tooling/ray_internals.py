@@ -10,11 +10,13 @@ Private modules are imported inside the functions: importing this module imports
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,6 +38,11 @@ PRIVATE_APIS = (
     ("ray._private.internal_api", "node_stats"),
     ("ray.core.generated.node_manager_pb2", "GetNodeStatsReply.STORE_STATS_FIELD_NUMBER"),
     ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.OBJECT_STORE_BYTES_USED_FIELD_NUMBER"),
+    ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.OBJECT_STORE_BYTES_AVAIL_FIELD_NUMBER"),
+    ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.OBJECT_STORE_BYTES_FALLBACK_FIELD_NUMBER"),
+    ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.SPILLED_BYTES_TOTAL_FIELD_NUMBER"),
+    ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.RESTORED_BYTES_TOTAL_FIELD_NUMBER"),
+    ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.CUMULATIVE_CREATED_BYTES_FIELD_NUMBER"),
     ("ray._common.network_utils", "build_address"),
     ("ray._private.runtime_env.constants", "RAY_JOB_CONFIG_JSON_ENV_VAR"),
     ("ray.train.v2._internal.execution.context", "logger"),
@@ -44,6 +51,7 @@ PRIVATE_APIS = (
     ("ray._private.authentication.http_token_authentication", "get_auth_headers_if_auth_enabled"),
     ("ray.data._internal.progress", "logger"),
     ("ray.train", "ScalingConfig._resources_per_worker_not_none"),
+    ("ray.train.v2._internal.execution.controller.placement_group_cleaner", "logger"),
 )
 
 
@@ -107,12 +115,44 @@ def autoscaling_coordinator() -> ActorHandle:
     return get_or_create_autoscaling_coordinator()
 
 
-def object_store_bytes_used(raylet_address: str, raylet_port: int) -> int:
-    """The bytes in one node's object store, as that node's raylet reports them."""
-    # no public API: `ray memory --stats-only` prints it, as text, for the whole cluster (memory_summary)
+def object_store_stats(raylet_address: str, raylet_port: int) -> dict[str, int]:
+    """One node's object store, as its raylet reports it: bytes used, capacity and in fallback files now; bytes
+    spilled to disk, restored from it and created, since the node started."""
+    # no public API: `ray memory --stats-only` prints these, as text, for the whole cluster (memory_summary)
     from ray._private.internal_api import node_stats
 
-    return node_stats(raylet_address, raylet_port, include_memory_info=False).store_stats.object_store_bytes_used
+    stats = node_stats(raylet_address, raylet_port, include_memory_info=False).store_stats
+    return {"used": stats.object_store_bytes_used, "capacity": stats.object_store_bytes_avail,
+            "fallback": stats.object_store_bytes_fallback, "spilled": stats.spilled_bytes_total,
+            "restored": stats.restored_bytes_total, "created": stats.cumulative_created_bytes}
+
+
+#: Two settings of Ray Data 2.60's Parquet reader that it reads from the environment of the process that calls
+#: `read_parquet`, as it plans the read (ray/data/_internal/datasource_v2/formats/parquet/): the most uncompressed
+#: bytes it packs into one read task (parquet_datasource_v2.py, `get_file_partitioner`; 128 MiB when unset), and the
+#: actors that read the files' footers each time the dataset is listed, every epoch (footer_file_indexer.py,
+#: `FooterFileIndexer.__init__`; 32 when unset).
+PARQUET_READ_TASK_BYTES_VAR = "RAY_DATA_PARQUET_BIN_PACKING_BYTES"
+PARQUET_FOOTER_ACTORS_VAR = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
+
+
+@contextlib.contextmanager
+def parquet_read_plan(read_task_bytes: int, footer_actors: int) -> Iterator[None]:
+    """Within the `with` block, `ray.data.read_parquet` packs at most `read_task_bytes` of Parquet data into one read
+    task, and lists the files with `footer_actors` actors."""
+    # no public API: read_parquet's `override_num_blocks` does not reach the packer (it ignores partition hints), and
+    # nothing else sizes the footer readers
+    settings = {PARQUET_READ_TASK_BYTES_VAR: str(read_task_bytes), PARQUET_FOOTER_ACTORS_VAR: str(footer_actors)}
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def gcs_address(ip: str, port: int) -> str:
@@ -170,7 +210,34 @@ def ray_train_report_logger() -> str:
     return os.path.join(os.path.dirname(ray.__file__), "train", "v2", "_internal", "execution", "context.py")
 
 
+# --- Ray Tune --------------------------------------------------------------------------------------------------
+
+#: The files in which Ray Tune 2.60's driver saves a search's state, in the search's folder (TuneController.CKPT_FILE_TMPL,
+#: ray/tune/execution/tune_controller.py); the newest one is what `Tuner.restore` reads.
+TUNE_STATE_FILES = "experiment_state-*.json"
+
+
+def tune_trial_statuses(experiment_state: dict[str, Any]) -> dict[str, str]:
+    """Each trial's status (PENDING, RUNNING, TERMINATED, ERROR, ...) in a loaded `experiment_state-*.json`."""
+    # no public API: a ResultGrid does not say which trials finished; ExperimentAnalysis(path).trials does, but it
+    # also reads every trial's results and logs a warning for each trial without one
+    statuses = {}
+    for trial_json, _ in experiment_state["trial_data"]:
+        trial = json.loads(trial_json)
+        statuses[trial["trial_id"]] = trial["status"]
+    return statuses
+
+
 # --- Ray Train -------------------------------------------------------------------------------------------------
+
+# no public API: Ray Train's PlacementGroupCleaner logs from its private module's logger, outside the loggers that
+# `RunConfig(logging_config=...)` sets (it runs in its own detached actor)
+#: The logger of Ray Train's PlacementGroupCleaner, the actor that frees a run's workers' resources when the run's
+#: controller dies without doing it (Ray 2.60, train/v2/_internal/execution/controller/placement_group_cleaner.py).
+TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+#: How its routine cleanup message begins, logged at WARNING each time it frees one: every time Ray Tune stops a
+#: trial (ASHA's decision, the end of a search), the trial's driver and its Ray Train controller end with it.
+TRAIN_PLACEMENT_GROUP_CLEANUP = "Detected that the Ray Train controller actor"
 
 def train_resources_per_worker(scaling_config: ScalingConfig) -> dict[str, float]:
     """What Ray Train reserves for each worker of `scaling_config`, by Ray Train's own rule (its defaults filled in)."""

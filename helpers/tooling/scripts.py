@@ -51,15 +51,54 @@ def parse_args(description: str, argv: list[str] | None = None, resumable: bool 
     return args
 
 
+#: tune_ray_ddp.py's search without flags: trials, and epochs per trial (ASHA may stop a trial earlier).
+SEARCH_DEFAULTS = {"num_samples": 8, "epochs": 4}
+#: ... and in smoke mode (COURSE_SMOKE_TEST=1, --smoke-test).
+SMOKE_SEARCH_DEFAULTS = {"num_samples": 4, "epochs": 3}
+
+
+def parse_tune_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """`--num-workers --smoke-test --storage-path` (workers per trial), `--num-samples --max-concurrent-trials
+    --epochs --name`, defaulting to the configuration; unset, `--num-samples` and `--epochs` follow the mode
+    (SEARCH_DEFAULTS, SMOKE_SEARCH_DEFAULTS) and `--max-concurrent-trials` is sized for the cluster."""
+    parser = course_parser(description, "the search, its trials' runs and checkpoints", "tiny trials (CI)")
+    parser.add_argument("--num-samples", type=int, default=None,
+                        help=f"trials to run (default {SEARCH_DEFAULTS['num_samples']}, "
+                             f"{SMOKE_SEARCH_DEFAULTS['num_samples']} with --smoke-test)")
+    parser.add_argument("--max-concurrent-trials", type=int, default=None,
+                        help="trials that train at once (default: 2, fewer when their workers do not fit)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"epochs per trial, if ASHA does not stop it earlier (default {SEARCH_DEFAULTS['epochs']}, "
+                             f"{SMOKE_SEARCH_DEFAULTS['epochs']} with --smoke-test; at least 3)")
+    parser.add_argument("--name", default=None,
+                        help="the search's name under the storage path: a search of that name is continued, its "
+                             "finished trials kept (default: a new name)")
+    args = parser.parse_args(argv)
+    defaults = SMOKE_SEARCH_DEFAULTS if args.smoke_test else SEARCH_DEFAULTS
+    args.num_samples = defaults["num_samples"] if args.num_samples is None else args.num_samples
+    args.epochs = defaults["epochs"] if args.epochs is None else args.epochs
+    if args.num_samples < 1 or (args.num_workers is not None and args.num_workers < 1):
+        parser.error("--num-samples and --num-workers must be at least 1")
+    if args.max_concurrent_trials is not None and args.max_concurrent_trials < 1:
+        parser.error("--max-concurrent-trials must be at least 1")
+    if args.epochs < 3:
+        parser.error("--epochs must be at least 3: ASHA compares trials after their second epoch (epoch 1)")
+    return args
+
+
 #: train_streaming.py's default size in GB (GiB), and its smoke test's (COURSE_SMOKE_TEST=1), without --data-size-gb.
 DEFAULT_SIZE_GB = 1.0
 SMOKE_SIZE_GB = 0.01
+#: The smallest object store Ray starts (Ray 2.60: OBJECT_STORE_MINIMUM_MEMORY_BYTES in ray/_private/ray_constants.py).
+MIN_OBJECT_STORE_MIB = 75
 
 
 def parse_streaming_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """`--data-size-gb --num-epochs --num-workers --smoke-test --storage-path --json`, defaulting to the configuration.
+    """`--data-size-gb --num-epochs --object-store-mib --num-workers --smoke-test --storage-path --json`, defaulting
+    to the configuration.
 
     `--data-size-gb` is None when not given: `requested_size_gb` picks 1 GB, or 0.01 GB in smoke mode.
+    `--object-store-mib` is None when not given (Ray's default object store), and refused with RAY_ADDRESS set.
     """
     parser = course_parser(description, "the dataset and the run",
                            f"a tiny dataset ({SMOKE_SIZE_GB:g} GB) unless --data-size-gb is given (CI)")
@@ -67,6 +106,9 @@ def parse_streaming_args(description: str, argv: list[str] | None = None) -> arg
                         help=f"GB (GiB) of images to write and stream (default {DEFAULT_SIZE_GB:g}, "
                              f"{SMOKE_SIZE_GB:g} with --smoke-test)")
     parser.add_argument("--num-epochs", type=int, default=2, help="passes over the whole dataset")
+    parser.add_argument("--object-store-mib", type=int, default=None,
+                        help="start the local Ray with an object store of this many MiB, to stream a dataset "
+                             "larger than it (default: Ray's, 30%% of RAM); not with RAY_ADDRESS")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the report to this JSON file")
     args = parser.parse_args(argv)
     if args.data_size_gb is not None and not args.data_size_gb > 0:  # `not >` also refuses nan
@@ -75,6 +117,16 @@ def parse_streaming_args(description: str, argv: list[str] | None = None) -> arg
         parser.error(f"--num-epochs must be at least 1, got {args.num_epochs}")
     if args.num_workers is not None and args.num_workers < 1:
         parser.error(f"--num-workers must be at least 1, got {args.num_workers}")
+    if args.object_store_mib is not None:
+        if args.object_store_mib < MIN_OBJECT_STORE_MIB:
+            parser.error(f"--object-store-mib must be at least {MIN_OBJECT_STORE_MIB} (Ray's smallest object store), "
+                         f"got {args.object_store_mib}")
+        if address := load_config().ray_address:
+            parser.error(f"--object-store-mib sizes the object store of the Ray this script starts, but RAY_ADDRESS="
+                         f"{address} joins a running cluster, whose nodes sized their object stores when they "
+                         "started. To fix it: leave out --object-store-mib, or start each node with `ray start "
+                         "--object-store-memory=<bytes>` (KubeRay: rayStartParams object-store-memory), or unset "
+                         "RAY_ADDRESS to run on a local Ray.")
     return args
 
 
