@@ -259,6 +259,13 @@ def course_scaling_config(cfg: CourseConfig, num_workers: int | None = None, use
     )
 
 
+def worker_slots(scaling_config: ScalingConfig, capacity: Capacity | None = None) -> int:
+    """How many workers of `scaling_config`'s size the cluster's alive nodes hold at once, each on one node."""
+    capacity = cluster_capacity() if capacity is None else capacity
+    needs = resources_per_worker(scaling_config)
+    return sum(_workers_that_fit(node, needs) for node in capacity.nodes)
+
+
 def check_resources(scaling_config: ScalingConfig, capacity: Capacity | None = None) -> None:
     """Raise ResourceRequestError unless the cluster's nodes can host every requested worker.
 

@@ -5,7 +5,8 @@ instead of 272 in the same 2-worker run).
 
 One cluster serves the module. Drivers run as subprocesses that join it through RAY_ADDRESS and the cluster's
 token (RAY_AUTH_TOKEN, without RAY_AUTH_MODE: the course's setup() must set that), as a learner's script or
-notebook would: lesson 02's and lesson 03's scripts with 1 and 2 workers, and setup() itself.
+notebook would: lesson 02's and lesson 03's scripts with 1 and 2 workers, setup() itself, and lesson 11's search
+(its trials on both worker nodes, stopped with Ctrl-C and continued by name: tests/test_tuning.py tests the rest of it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from helpers.config import REPO_ROOT
 from helpers.fault_tolerance import press_ctrl_c_when_checkpointed
 from helpers.results import latest_checkpoint_metrics, read_history
 from helpers.tooling.local_cluster import LocalCluster
+from helpers.tooling.scripts import SMOKE_SEARCH_DEFAULTS
+from helpers.tuning import TRIAL_ID_IN_FOLDER, interrupt_mid_search, search_state
 
 #: The Ray variables a LocalCluster must leave as they are in the process that starts it.
 RAY_VARS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -310,3 +313,89 @@ def test_a_node_without_the_data_stops_the_script_with_the_courses_error(course_
     assert done.returncode != 0
     assert "error: MNIST is not in /proc/course-data/MNIST/raw on node " in stderr, stderr[-3000:]
     assert "COURSE_DATA_DIR" in stderr and "Traceback" not in stderr.split("error: MNIST")[-1]
+
+
+#: Lesson 11's script: a search of `--num-samples` trials, each a Ray Train run of 2 workers.
+TUNE_SCRIPT = "tune_ray_ddp.py"
+
+
+@pytest.fixture(scope="module")
+def continued_search(course_env: dict[str, str]) -> dict:
+    """Lesson 11's script on the cluster, 3 trials with 2 at a time, stopped with Ctrl-C once a trial has finished and
+    another has just reported its first epoch, then run again under the same name: what each run printed, each trial's
+    state and result.json lines between the two, and the search's folder."""
+    storage, name = Path(course_env["COURSE_STORAGE_PATH"]), "lesson11-search"
+    command = [sys.executable, str(REPO_ROOT / "notebooks" / TUNE_SCRIPT), "--smoke-test", "--num-samples", "3",
+               "--max-concurrent-trials", "2", "--name", name]
+    first = subprocess.Popen(command, env=course_env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    watch = interrupt_mid_search(str(storage / name), SMOKE_SEARCH_DEFAULTS["epochs"], pid=first.pid, timeout_s=600)
+    first_out, first_err = first.communicate(timeout=600)
+    watch.set()
+    state = search_state(str(storage / name))
+    lines_before = {trial: [json.loads(line) for line in path.read_text().splitlines()]
+                    for trial, path in result_files(storage / name).items()}
+    second = subprocess.run(command, env=course_env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    return {"first": (first.returncode, first_out, first_err), "second": second, "state": state,
+            "before": lines_before, "folder": storage / name, "storage": storage, "name": name}
+
+
+def result_files(search: Path) -> dict[str, Path]:
+    """Each trial's result.json in a search's folder, by trial id (Tune names the folder after it)."""
+    return {TRIAL_ID_IN_FOLDER.search(path.parent.name).group(1): path for path in search.glob("*/result.json")}
+
+
+def test_a_search_stopped_with_ctrl_c_continues_by_name_without_running_finished_trials_again(
+        continued_search: dict) -> None:
+    returncode, stdout, stderr = continued_search["first"]
+    assert returncode == 1 and "interrupted:" in stdout, stdout[-3000:] + stderr[-3000:]
+    second = continued_search["second"]
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"continuing the search {continued_search['name']}" in second.stdout
+    state = continued_search["state"]
+    finished = set(state.index[state["status"] == "TERMINATED"])
+    assert finished and len(finished) < len(state), f"the interruption came too early or too late:\n{state}"
+    after = {trial: [json.loads(line) for line in path.read_text().splitlines()]
+             for trial, path in result_files(continued_search["folder"]).items()}
+    assert set(after) == set(state.index) and set(search_state(str(continued_search["folder"]))["status"]) == {
+        "TERMINATED"}
+    for trial in finished:  # not run again: not one result more
+        assert after[trial] == continued_search["before"][trial], f"finished trial {trial} ran again"
+    for trial in set(state.index) - finished:
+        new = after[trial][len(continued_search["before"].get(trial, [])):]
+        if continued_search["before"].get(trial) and new:  # stopped mid-run: continued from its checkpoint
+            assert new[0]["start_epoch"] >= len(continued_search["before"][trial]), f"{trial} started over"
+
+
+def test_the_search_s_trials_train_on_both_worker_nodes_with_checkpoints_on_the_shared_storage(
+        continued_search: dict, worker_node_ids: set[str]) -> None:
+    results = [json.loads(line) for path in result_files(continued_search["folder"]).values()
+               for line in path.read_text().splitlines()]
+    assert {result["node_id"] for result in results} == worker_node_ids, "two trials at once: one per worker node"
+    storage, name = continued_search["storage"], continued_search["name"]
+    for trial in result_files(continued_search["folder"]):
+        run = storage / f"{name}-{trial}"  # the trial's Ray Train run, beside the search's folder
+        assert list(run.glob("checkpoint_*/model.pt")), f"no checkpoint of trial {trial} in {run}"
+    assert all(Path(result["checkpoint_path"]).is_relative_to(storage) for result in results)
+
+
+def test_the_best_checkpoint_loads_and_reproduces_its_accuracy(continued_search: dict,
+                                                               course_env: dict[str, str]) -> None:
+    import torch
+    from ray.train import Checkpoint
+    from torch.utils.data import DataLoader, Subset
+
+    from helpers.data import load_mnist
+    from helpers.inference import load_model
+    from helpers.training import evaluate
+    from helpers.tuning import SMOKE_SEARCH_ROWS
+
+    stdout = continued_search["second"].stdout
+    reported = float(re.search(r"^best trial: .*test_acc=([\d.]+)$", stdout, re.MULTILINE).group(1))
+    path = re.search(r"^its checkpoint: (.+)$", stdout, re.MULTILINE).group(1)
+    model = load_model(Checkpoint(path))
+    # The rows the trials validated on: the first SMOKE_SEARCH_ROWS["valid"] test images, in file order.
+    test_images = Subset(load_mnist(course_env["COURSE_DATA_DIR"], train=False), range(SMOKE_SEARCH_ROWS["valid"]))
+    with torch.no_grad():
+        accuracy = evaluate(model, DataLoader(test_images, batch_size=256), "cpu")["accuracy"]
+    assert abs(accuracy - reported) < 1e-3, f"the best checkpoint gives {accuracy:.4f}, the search reported {reported}"

@@ -1,0 +1,198 @@
+"""Lesson 11's search, without Ray: its sizing, the replay of ASHA against Ray's own scheduler, what the course reads
+from a search's folder, the script's flags, and the interruption.
+
+The search itself runs on the 3-node cluster of tests/test_multinode.py (one cluster for the suite: starting another
+would cost about a minute): its trials train on both worker nodes, their checkpoints land on the shared storage path,
+the best checkpoint reproduces its accuracy, and the search continued after Ctrl-C does not run finished trials again.
+Lesson 11 itself, under nbval, interrupts and restores its search in the notebook's kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from ray.train import ScalingConfig
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+from helpers.cluster import Capacity, ResourceRequestError
+from helpers.config import load_config
+from helpers.results import SNAPSHOT_FILE
+from helpers.tooling.scripts import SEARCH_DEFAULTS, SMOKE_SEARCH_DEFAULTS, parse_tune_args
+from helpers.tuning import (
+    ARRIVED_AT,
+    SEARCH_SESSION,
+    ResultOrder,
+    asha_decisions,
+    check_search_resources,
+    interrupt_mid_search,
+    plan_search,
+    search_state,
+    trial_runs,
+    trial_table,
+)
+
+LAPTOP = Capacity(nodes=[{"CPU": 2.0}])
+#: tests/test_multinode.py's cluster: a head with no CPU, two worker nodes with 1 CPU each.
+THREE_NODES = Capacity(nodes=[{}, {"CPU": 1.0}, {"CPU": 1.0}])
+ONE_GPU = Capacity(nodes=[{"CPU": 8.0, "GPU": 1.0}])
+EIGHT_GPUS = Capacity(nodes=[{"CPU": 64.0, "GPU": 8.0}])
+
+
+@pytest.mark.parametrize("capacity,variables,expected", [
+    (LAPTOP, {}, (2, 2, False, {"CPU": 0.5})),  # 2 trials x 2 workers share 2 CPUs
+    (THREE_NODES, {}, (2, 2, False, {"CPU": 0.5})),  # each trial on one worker node
+    (Capacity(nodes=[{"CPU": 4.0}]), {}, (2, 2, False, {"CPU": 1.0})),  # whole CPUs when there are enough
+    (ONE_GPU, {}, (1, 1, True, {"CPU": 8.0, "GPU": 1.0})),  # the GPU goes to one trial at a time
+    (EIGHT_GPUS, {"COURSE_NUM_WORKERS": "2"}, (2, 2, True, {"CPU": 16.0, "GPU": 1.0})),  # 4 GPUs of 8 busy
+])
+def test_plan_search_sizes_the_trials_for_the_nodes(capacity, variables, expected):
+    plan = plan_search(load_config(variables), max_concurrent_trials=2, capacity=capacity)
+    assert (plan.max_concurrent_trials, plan.num_workers, plan.use_gpu, plan.resources_per_worker) == expected
+    scaling = ScalingConfig(num_workers=plan.num_workers, use_gpu=plan.use_gpu,
+                            resources_per_worker=plan.resources_per_worker)
+    check_search_resources(scaling, plan.max_concurrent_trials, capacity)  # the plan always fits
+
+
+def test_check_search_resources_says_how_many_trials_fit():
+    scaling = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5})
+    with pytest.raises(ResourceRequestError, match=r"only 2 trial\(s\) fit at once") as error:
+        check_search_resources(scaling, 4, LAPTOP)
+    assert "TuneConfig(max_concurrent_trials=2)" in str(error.value)
+    assert "WorkerGroupStartupTimeoutError" in str(error.value)
+    with pytest.raises(ResourceRequestError, match="No trial can ever start"):
+        check_search_resources(ScalingConfig(num_workers=3, resources_per_worker={"CPU": 1.0}), 1, LAPTOP)
+
+
+def simulated_search(seed: int, max_t: int, num_trials: int = 6) -> tuple[pd.DataFrame, list[str]]:
+    """A search fed to Ray 2.60's own ASHAScheduler, result by result: trials start in order, two at a time, and
+    report their epochs interleaved at random; a stopped trial reports no more. Returns the results as Tune saw
+    them, in order, and the scheduler's decision on each."""
+    rng = np.random.default_rng(seed)
+    scheduler = ASHAScheduler(time_attr="epoch", metric="test_acc", mode="max", grace_period=1, reduction_factor=2,
+                              max_t=max_t)
+    remaining = {f"t{index}": list(range(max_t + 1)) for index in range(num_trials)}
+    quality = {trial: rng.uniform(0.1, 0.9) for trial in remaining}
+    results, decisions = [], []
+    while remaining:
+        running = list(remaining)[:2]
+        trial = running[rng.integers(len(running))]
+        epoch = remaining[trial].pop(0)
+        if epoch == 0:
+            scheduler.on_trial_add(None, SimpleNamespace(trial_id=trial))
+        value = round(quality[trial] + 0.02 * epoch + rng.normal(0, 0.05), 4)
+        decisions.append(scheduler.on_trial_result(None, SimpleNamespace(trial_id=trial),
+                                                   {"epoch": epoch, "test_acc": value}))
+        results.append({"trial_id": trial, "epoch": epoch, "test_acc": value, SEARCH_SESSION: 1.0})
+        if decisions[-1] == TrialScheduler.STOP or not remaining[trial]:
+            del remaining[trial]
+    return pd.DataFrame(results), decisions
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_asha_decisions_replay_what_rays_scheduler_decided(seed):
+    history, by_ray = simulated_search(seed, max_t=3)  # rungs at epochs 1 and 2: every later epoch meets one
+    replayed = asha_decisions(history, metric="test_acc", mode="max", time_attr="epoch", grace_period=1,
+                              reduction_factor=2, max_t=3)
+    expected = ["end (max_t)" if epoch >= 3 else "stop" if action == TrialScheduler.STOP else "continue"
+                for action, epoch in zip(by_ray, history["epoch"]) if epoch >= 1]
+    assert list(replayed["decision"]) == expected
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_asha_decisions_stop_the_trials_rays_scheduler_stopped(seed):
+    history, by_ray = simulated_search(seed, max_t=5, num_trials=8)  # rungs at 1, 2 and 4
+    replayed = asha_decisions(history, metric="test_acc", mode="max", time_attr="epoch", grace_period=1,
+                              reduction_factor=2, max_t=5)
+    stopped_by_ray = {trial for trial, epoch, action in zip(history["trial_id"], history["epoch"], by_ray)
+                      if action == TrialScheduler.STOP and epoch < 5}
+    assert set(replayed.loc[replayed["decision"] == "stop", "trial_id"]) == stopped_by_ray
+
+
+def test_a_restored_search_starts_asha_afresh():
+    history = pd.DataFrame([
+        {"trial_id": "a", "epoch": 1, "test_acc": 0.9, SEARCH_SESSION: 1.0},
+        {"trial_id": "b", "epoch": 1, "test_acc": 0.5, SEARCH_SESSION: 1.0},  # below a's 0.9: stops
+        {"trial_id": "c", "epoch": 1, "test_acc": 0.4, SEARCH_SESSION: 2.0},  # first at the rung after the restore
+    ])
+    decisions = asha_decisions(history, "test_acc", "max", time_attr="epoch", grace_period=1, reduction_factor=2,
+                               max_t=3)
+    assert list(decisions["decision"]) == ["continue", "stop", "continue"]
+    assert list(decisions["earlier"]) == [[], [0.9], []]
+    table = trial_table(history.assign(lr=1e-3, global_batch_size=128), decisions)
+    assert list(table["stopped early"]) == [False, True, False]
+    assert table.loc["b", "why"] == "after epoch 1: 0.500 < 0.900, the cutoff of the 1 trial(s) there before it"
+
+
+def test_result_order_stamps_each_result_with_its_arrival():
+    order = ResultOrder()
+    order.setup()
+    first, second = {"epoch": 0}, {"epoch": 0}
+    order.on_trial_result(0, [], None, first)
+    order.on_trial_result(0, [], None, second)
+    assert first[SEARCH_SESSION] == second[SEARCH_SESSION] <= first[ARRIVED_AT] <= second[ARRIVED_AT]
+
+
+def write_trial(folder, trial_id: str, results: list[dict]) -> None:
+    """A trial's folder as Tune 2.60 names and fills it: `<trainable>_<trial id>_<index>_<config>_<date>/`."""
+    trial = folder / f"train_driver_{trial_id}_{trial_id[-1]}_global_batch_size=64,lr=0.0010_2026-11-25_18-04-51"
+    trial.mkdir()
+    (trial / "result.json").write_text("".join(json.dumps({"trial_id": trial_id, **r}) + "\n" for r in results))
+
+
+def test_search_state_reads_the_statuses_tune_saved_and_the_results(tmp_path):
+    write_trial(tmp_path, "8f957_00000", [{"epoch": 0}, {"epoch": 1, "done": True}])
+    write_trial(tmp_path, "8f957_00001", [{"epoch": 0}])
+    write_trial(tmp_path, "8f957_00002", [])  # started, no result yet
+    trial_data = [[json.dumps({"trial_id": trial, "status": status}), "{}"] for trial, status in
+                  [("8f957_00000", "TERMINATED"), ("8f957_00001", "RUNNING"), ("8f957_00002", "RUNNING"),
+                   ("8f957_00003", "PENDING")]]
+    (tmp_path / "experiment_state-2026-11-25_18-04-00.json").write_text(json.dumps({"trial_data": []}))
+    (tmp_path / "experiment_state-2026-11-25_18-05-36.json").write_text(json.dumps({"trial_data": trial_data}))
+    state = search_state(str(tmp_path))  # the newest state file
+    assert state.to_dict("index") == {
+        "8f957_00000": {"status": "TERMINATED", "results": 2}, "8f957_00001": {"status": "RUNNING", "results": 1},
+        "8f957_00002": {"status": "RUNNING", "results": 0}, "8f957_00003": {"status": "PENDING", "results": 0}}
+
+
+def checkpointed(storage, run: str, epoch: int) -> None:
+    """A Ray Train run folder whose snapshot says its latest checkpoint is `epoch`'s, as Ray Train 2.60 writes it."""
+    (storage / run).mkdir(exist_ok=True)
+    (storage / run / SNAPSHOT_FILE).write_text(json.dumps({"latest_checkpoint_result": {"metrics": {"epoch": epoch}}}))
+
+
+def test_interrupt_mid_search_presses_ctrl_c_once_a_run_ended_and_another_just_began(tmp_path):
+    waits = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted')\n"
+    script = subprocess.Popen([sys.executable, "-c", waits], stdout=subprocess.PIPE, text=True)
+    try:
+        (tmp_path / "search").mkdir()  # Tune's folder; the trials' runs are beside it, "search-<trial id>"
+        watch = interrupt_mid_search(str(tmp_path / "search"), num_epochs=3, pid=script.pid, settle_s=0.5)
+        checkpointed(tmp_path, "search-8f957_00000", 2)  # its last epoch
+        checkpointed(tmp_path, "search-8f957_00001", 1)  # mid-run, but not just begun
+        checkpointed(tmp_path, "other-8f957_00002", 0)  # another search's run
+        time.sleep(1.5)
+        assert script.poll() is None, "interrupted although no run had just checkpointed its first epoch"
+        checkpointed(tmp_path, "search-8f957_00002", 0)
+        stdout, _ = script.communicate(timeout=30)
+        watch.set()
+    finally:
+        script.kill()
+    assert stdout.strip() == "interrupted" and script.returncode == 0  # SIGINT: Python's KeyboardInterrupt
+    assert trial_runs(str(tmp_path / "search")) == {"8f957_00000": 2, "8f957_00001": 1, "8f957_00002": 0}
+
+
+def test_tune_script_flags_default_to_the_mode():
+    args = parse_tune_args("x", ["--storage-path", "/tmp/x"])
+    assert (args.num_samples, args.epochs, args.max_concurrent_trials) == (SEARCH_DEFAULTS["num_samples"],
+                                                                           SEARCH_DEFAULTS["epochs"], None)
+    args = parse_tune_args("x", ["--smoke-test", "--num-samples", "3", "--max-concurrent-trials", "1"])
+    assert (args.num_samples, args.epochs, args.max_concurrent_trials) == (3, SMOKE_SEARCH_DEFAULTS["epochs"], 1)
+    for wrong in (["--epochs", "2"], ["--num-samples", "0"], ["--max-concurrent-trials", "0"]):
+        with pytest.raises(SystemExit):
+            parse_tune_args("x", wrong)
