@@ -31,6 +31,7 @@ from helpers.cluster import check_data_resources, check_resources, course_scalin
 from helpers.config import CourseConfig
 from helpers.data import load_mnist, mnist_transform
 from helpers.models import resnet18_mnist
+from helpers.session import logger_level
 from helpers.training import seed_everything
 
 #: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 15 steps of 128 images, 1000 to validate.
@@ -52,13 +53,8 @@ _TRANSFORM = mnist_transform()
 def quiet_cpu_race_warning():
     """Ray Data warns "no available CPUs" when a job starts while the previous job's tasks still hold
     theirs. Between two jobs of the same process that is a race, not a hang: keep that warning out."""
-    dataset_logger = logging.getLogger("ray.data.dataset")
-    level = dataset_logger.level
-    dataset_logger.setLevel(logging.ERROR)
-    try:
+    with logger_level("ray.data.dataset", logging.ERROR):
         yield
-    finally:
-        dataset_logger.setLevel(level)
 
 
 #: Written last into a split's folder: the split is complete (Ray Data reads only the `.parquet` files).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -9,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +46,18 @@ def quiet_worker_logs() -> None:
     logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
     logging.getLogger(ray_internals.TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER).addFilter(_not_a_routine_cleanup)
     name_this_cluster()
+
+
+@contextlib.contextmanager
+def logger_level(name: str, level: int) -> Iterator[None]:
+    """Inside: the logger `name` keeps records below `level` out; its own level comes back afterwards."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def _not_a_routine_cleanup(record: logging.LogRecord) -> bool:

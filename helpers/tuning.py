@@ -46,6 +46,7 @@ from helpers.cluster import (
 from helpers.config import CourseConfig
 from helpers.fault_tolerance import train_loop_per_worker
 from helpers.results import latest_checkpoint_metrics
+from helpers.session import logger_level
 from helpers.tooling import ray_internals
 
 #: What each trial's driver reserves: no CPU, since it only waits for its Ray Train run, and some memory, since Tune
@@ -280,13 +281,8 @@ def print_search(results: ray.tune.ResultGrid, experiment_path: str, metric: str
 def trial_errors_in_files_only() -> Iterator[None]:
     """Inside: a failed trial's traceback stays in its `error.txt` (in the trial's folder) instead of being logged
     into the notebook by Tune's driver as well; `Result.error` still holds the exception."""
-    tune_logger = logging.getLogger("ray.tune")
-    level = tune_logger.level
-    tune_logger.setLevel(logging.CRITICAL)
-    try:
+    with logger_level("ray.tune", logging.CRITICAL):
         yield
-    finally:
-        tune_logger.setLevel(level)
 
 
 # --- Interrupting a search ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import ray
 
 from helpers import load_config, setup
 from helpers.cluster import plan_workers
-from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get
+from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get, logger_level
 from helpers.tooling import ray_internals
 
 
@@ -164,3 +164,13 @@ def test_workers_know_their_cluster_and_keep_the_routine_cleanup_warning_out(ray
     assert address == ray.get_runtime_context().gcs_address
     assert kept == [False, True], "only the routine cleanup leaves the notebook; a failed one reaches it"
     assert "ignore:The given NumPy array is not writable:UserWarning" in warning_filters
+
+
+def test_logger_level_keeps_lower_records_out_inside_and_restores_the_level(caplog):
+    logger = logging.getLogger("course.test.logger_level")
+    logger.setLevel(logging.INFO)
+    with caplog.at_level(logging.DEBUG, logger=logger.name), logger_level(logger.name, logging.ERROR):
+        logger.warning("kept out")
+        logger.error("let through")
+    assert [record.getMessage() for record in caplog.records] == ["let through"]
+    assert logger.level == logging.INFO
