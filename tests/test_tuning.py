@@ -187,7 +187,8 @@ def test_interrupt_mid_search_presses_ctrl_c_once_a_run_ended_and_another_just_b
     assert trial_runs(str(tmp_path / "search")) == {"8f957_00000": 2, "8f957_00001": 1, "8f957_00002": 0}
 
 
-def test_tune_script_flags_default_to_the_mode():
+def test_tune_script_flags_default_to_the_mode(monkeypatch):
+    monkeypatch.delenv("COURSE_SMOKE_TEST", raising=False)  # full mode unless --smoke-test (CI sets it)
     args = parse_tune_args("x", ["--storage-path", "/tmp/x"])
     assert (args.num_samples, args.epochs, args.max_concurrent_trials) == (SEARCH_DEFAULTS["num_samples"],
                                                                            SEARCH_DEFAULTS["epochs"], None)
