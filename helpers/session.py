@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import helpers
-from helpers.config import ConfigError, CourseConfig, load_config, load_dotenv_file
+from helpers.config import CourseConfig, load_config, load_dotenv_file
 from helpers.tooling import ray_internals
 
 #: The dashboard (and the Jobs API behind it) listens on loopback only.
@@ -172,16 +172,12 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
     """Start an embedded local Ray (or connect to `RAY_ADDRESS`); return the seconds it took.
 
     `object_store_memory` (bytes) sizes the local Ray's object store (Ray's default: 30% of RAM). A cluster's nodes
-    sized theirs when they started (`ray start --object-store-memory`), so with RAY_ADDRESS it must be None.
+    sized theirs when they started (`ray start --object-store-memory`): with RAY_ADDRESS, `ray.init` refuses it.
     """
     import ray
 
     global _dashboard_url
 
-    if cfg.ray_address and object_store_memory is not None:
-        raise ConfigError(f"object_store_memory sizes a local Ray's object store, but RAY_ADDRESS={cfg.ray_address} "
-                          "joins a cluster, whose nodes sized theirs when they started.\nTo fix it: leave the size "
-                          "out, or unset RAY_ADDRESS to start a local Ray.")
     local = {} if cfg.ray_address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
     if object_store_memory is not None:
         local["object_store_memory"] = object_store_memory
