@@ -15,9 +15,11 @@ import json
 import os
 import re
 import select
+import signal
 import stat
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,8 +32,7 @@ from helpers.config import REPO_ROOT
 from helpers.fault_tolerance import press_ctrl_c_when_checkpointed
 from helpers.results import latest_checkpoint_metrics, read_history
 from helpers.tooling.local_cluster import LocalCluster
-from helpers.tooling.scripts import SMOKE_SEARCH_DEFAULTS
-from helpers.tuning import TRIAL_ID_IN_FOLDER, interrupt_mid_search, search_state
+from helpers.tuning import TRIAL_ID_IN_FOLDER, search_state
 
 #: The Ray variables a LocalCluster must leave as they are in the process that starts it.
 RAY_VARS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -319,19 +320,44 @@ def test_a_node_without_the_data_stops_the_script_with_the_courses_error(course_
 TUNE_SCRIPT = "tune_ray_ddp.py"
 
 
+#: Tune's line for a trial that has ended, finished or stopped by ASHA (ray/tune/experimental/output.py,
+#: on_trial_complete), printed once Tune has processed the trial's end.
+TRIAL_COMPLETED = re.compile(r"^Trial train_driver_\w+ completed after \d+ iterations")
+
+
+def press_ctrl_c_after_the_first_completed_trial(search: subprocess.Popen, timeout_s: float) -> str:
+    """Read the search's stdout until Tune says a trial completed, then send SIGINT, what Ctrl-C sends; return
+    what it printed up to then. With 3 trials and 2 at a time, the third trial only starts once a slot frees: when
+    the first trial ends, at least one other has work left, whatever ASHA decided and however fast each trial ran."""
+    deadline, printed = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        if not select.select([search.stdout], [], [], 5)[0]:
+            continue
+        line = search.stdout.readline()
+        if not line:  # the search ended on its own
+            break
+        printed.append(line)
+        if TRIAL_COMPLETED.match(line):
+            search.send_signal(signal.SIGINT)
+            return "".join(printed)
+    raise AssertionError("no trial completed: " + "".join(printed)[-3000:])
+
+
 @pytest.fixture(scope="module")
-def continued_search(course_env: dict[str, str]) -> dict:
-    """Lesson 11's script on the cluster, 3 trials with 2 at a time, stopped with Ctrl-C once a trial has finished and
-    another has just reported its first epoch, then run again under the same name: what each run printed, each trial's
-    state and result.json lines between the two, and the search's folder."""
+def continued_search(course_env: dict[str, str], tmp_path_factory) -> dict:
+    """Lesson 11's script on the cluster, 3 trials with 2 at a time, stopped with Ctrl-C once Tune has seen a trial
+    end, then run again under the same name: what each run printed, each trial's state and result.json lines between
+    the two, and the search's folder."""
     storage, name = Path(course_env["COURSE_STORAGE_PATH"]), "lesson11-search"
     command = [sys.executable, str(REPO_ROOT / "notebooks" / TUNE_SCRIPT), "--smoke-test", "--num-samples", "3",
                "--max-concurrent-trials", "2", "--name", name]
-    first = subprocess.Popen(command, env=course_env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    watch = interrupt_mid_search(str(storage / name), SMOKE_SEARCH_DEFAULTS["epochs"], pid=first.pid, timeout_s=600)
-    first_out, first_err = first.communicate(timeout=600)
-    watch.set()
+    with (tmp_path_factory.mktemp("search-stderr") / "stderr.txt").open("w+") as stderr:  # Ray's logs: no pipe to fill
+        first = subprocess.Popen(command, env=course_env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr,
+                                 text=True)
+        first_out = press_ctrl_c_after_the_first_completed_trial(first, timeout_s=600)
+        first_out += first.communicate(timeout=600)[0]
+        stderr.seek(0)
+        first_err = stderr.read()
     state = search_state(str(storage / name))
     lines_before = {trial: [json.loads(line) for line in path.read_text().splitlines()]
                     for trial, path in result_files(storage / name).items()}
