@@ -7,7 +7,7 @@
   that train at once, must fit.
 - `ResultOrder` stamps every result with the moment Tune's scheduler saw it, so that `asha_decisions` can replay
   ASHA's rule and say why each trial stopped where it did.
-- `interrupt_mid_search` stops a search as Ctrl-C or JupyterLab's interrupt button would.
+- `InterruptMidSearch` stops a search as Ctrl-C or JupyterLab's interrupt button would, mid-search.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import math
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import numpy as np
 import pandas as pd
 import ray
 import ray.tune
-from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -45,7 +44,6 @@ from helpers.cluster import (
 )
 from helpers.config import CourseConfig
 from helpers.fault_tolerance import train_loop_per_worker
-from helpers.results import latest_checkpoint_metrics
 from helpers.session import logger_level
 from helpers.tooling import ray_internals
 
@@ -76,10 +74,12 @@ def train_driver(config: dict, datasets: dict, scaling_config: ScalingConfig, st
             name=f"{trial.get_experiment_name()}-{trial.get_trial_id()}",  # [5] the same name when the trial restarts
             callbacks=[TuneReportCallback()],  # [6] rank 0's metrics and the checkpoint's path, to Tune, every report
             failure_config=FailureConfig(max_failures=1),  # [7] a failed worker: Ray Train restarts the group
-            logging_config=LoggingConfig(log_level="WARNING"),  # [8] Ray Train's info lines: to its log files
+            checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="test_acc",
+                                               checkpoint_score_order="max"),  # [8] its best epoch, and the latest
+            logging_config=LoggingConfig(log_level="WARNING"),  # [9] Ray Train's info lines: to its log files
         ),
     )
-    trainer.fit()  # [9] returns when the run ends; raises if it fails for good, and Tune marks the trial ERROR
+    trainer.fit()  # [10] returns when the run ends; raises if it fails for good, and Tune marks the trial ERROR
 
 
 # --- Sizing -------------------------------------------------------------------------------------------------------
@@ -207,11 +207,26 @@ def asha_decisions(history: pd.DataFrame, metric: str, mode: str, time_attr: str
 
     ASHA's rule (Ray 2.60, ray/tune/schedulers/async_hyperband.py): rungs at `grace_period * reduction_factor**k`
     up to `max_t`; a result that reaches a rung first records its value there; it stops when the value is below
-    the `1 - 1/reduction_factor` quantile of the values recorded at that rung before it. At `max_t` every trial stops.
+    the `1 - 1/reduction_factor` quantile of the values recorded at that rung before it. At `max_t` every trial stops,
+    unrecorded. When a trial ends (its result says `done`), Tune hands its last result to ASHA once more, which
+    records it at the highest rung it reached without a value there: a trial that resumed past a rung (its epoch
+    there ended while the search stopped) counts at that rung from then on.
     """
     num_rungs = int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
-    milestones = [grace_period * reduction_factor**k for k in range(num_rungs)]
+    milestones = sorted((grace_period * reduction_factor**k for k in range(num_rungs)), reverse=True)
     sign = 1.0 if mode == "max" else -1.0
+
+    def reached_rung(rungs: dict, trial: str, time_value: float) -> float | None:
+        """The rung this result records at, as ASHA's bracket picks it (the highest it reached), or None."""
+        for milestone in milestones:
+            if trial in rungs[milestone]:
+                if time_value >= milestone:
+                    return None  # recorded there already: no new cutoff
+                continue
+            if time_value >= milestone:
+                return milestone
+        return None
+
     rows, rungs, session = [], {}, None
     for _, result in history.iterrows():
         if result.get(SEARCH_SESSION, None) != session:
@@ -220,10 +235,7 @@ def asha_decisions(history: pd.DataFrame, metric: str, mode: str, time_attr: str
         if time_value >= max_t:
             rows.append({"trial_id": trial, time_attr: time_value, metric: value, "rung": None, "cutoff": None,
                          "decision": "end (max_t)"})
-            continue
-        for milestone in sorted(milestones, reverse=True):  # the highest rung this result has reached
-            if time_value < milestone or trial in rungs[milestone]:
-                continue
+        elif (milestone := reached_rung(rungs, trial, time_value)) is not None:
             recorded = rungs[milestone]
             cutoff = np.nanpercentile(list(recorded.values()), (1 - 1 / reduction_factor) * 100) if recorded else None
             stop = cutoff is not None and sign * value < cutoff
@@ -232,7 +244,8 @@ def asha_decisions(history: pd.DataFrame, metric: str, mode: str, time_attr: str
                          "cutoff": None if cutoff is None else sign * cutoff, "compared_with": len(recorded) - 1,
                          "earlier": [sign * earlier for name, earlier in recorded.items() if name != trial],
                          "decision": "stop" if stop else "continue"})
-            break
+        if result.get("done", False) and (milestone := reached_rung(rungs, trial, time_value)) is not None:
+            rungs[milestone][trial] = sign * value  # the trial's end: recorded, no decision
     return pd.DataFrame(rows, columns=["trial_id", time_attr, metric, "rung", "cutoff", "compared_with", "earlier",
                                        "decision"])
 
@@ -326,43 +339,24 @@ def search_state(experiment_path: str) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("trial_id").sort_index()
 
 
-def trial_runs(experiment_path: str) -> dict[str, int | None]:
-    """The latest epoch each trial's Ray Train run has checkpointed so far (None: none yet), by trial id.
+class InterruptMidSearch(ray.tune.Callback):
+    """Sends this process SIGINT, what Ctrl-C or JupyterLab's interrupt button sends, at a moment that shows every
+    case `Tuner.restore` handles: once a trial has finished and another has just reported its first epoch (`epoch`
+    0, with its checkpoint), that trial stops in the middle of its run; trials Tune has not started yet stay so.
 
-    Read from the runs' own folders, `<search>-<trial id>` beside the search's folder, where Ray Train records each
-    checkpoint as it happens; Tune copies its own files to the storage path only every few seconds.
+    Tune calls it in the driver, after the scheduler's decision on the result (ASHA never stops a trial at epoch 0
+    with `grace_period=1`), and stops the search when the signal arrives. It presses once. Tune saves its callbacks
+    with the search when `fit()` starts, and the copy that `Tuner.restore` brings back never presses.
     """
-    parent, prefix = experiment_path.rstrip("/").rsplit("/", 1)[0], f"{storage.basename(experiment_path)}-"
-    epochs = {}
-    for entry in storage.list_dir(parent):
-        if entry.base_name.startswith(prefix):
-            try:
-                latest = latest_checkpoint_metrics(storage.join(parent, entry.base_name))
-            except json.JSONDecodeError:  # Ray Train is rewriting its snapshot: read it next time
-                continue
-            epochs[entry.base_name.removeprefix(prefix)] = None if latest is None else latest["epoch"]
-    return epochs
 
+    def __init__(self) -> None:
+        self._armed = True
 
-def interrupt_mid_search(experiment_path: str, num_epochs: int, pid: int | None = None, settle_s: float = 2.0,
-                         timeout_s: float = 3600) -> threading.Event:
-    """Send SIGINT, what Ctrl-C or JupyterLab's interrupt button sends, to this process (or `pid`, a script running the
-    search) once a trial's run has checkpointed its last epoch and another's has just checkpointed its first: the
-    second stops in the middle of its run, with a checkpoint and epochs left. Both must hold for `settle_s`, the time
-    Tune takes to see the results. Returns an Event: set it to call the watch off."""
-    cancelled = threading.Event()
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_armed": False}  # the saved copy: a restored search runs to its end
 
-    def ready() -> bool:
-        epochs = list(trial_runs(experiment_path).values())
-        return num_epochs - 1 in epochs and 0 in epochs
-
-    def watch() -> None:
-        deadline = time.monotonic() + timeout_s
-        while not cancelled.is_set() and time.monotonic() < deadline:
-            if ready() and not cancelled.wait(settle_s) and ready():
-                os.kill(os.getpid() if pid is None else pid, signal.SIGINT)
-                return
-            cancelled.wait(0.25)
-
-    threading.Thread(target=watch, name="interrupt-mid-search", daemon=True).start()
-    return cancelled
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        finished = any(other.status == "TERMINATED" for other in trials)
+        if self._armed and finished and result.get("epoch") == 0:
+            self._armed = False
+            os.kill(os.getpid(), signal.SIGINT)

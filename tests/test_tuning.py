@@ -10,9 +10,8 @@ Lesson 11 itself, under nbval, interrupts and restores its search in the noteboo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
+import pickle
+import signal
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,18 +22,16 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from helpers.cluster import Capacity, ResourceRequestError
 from helpers.config import load_config
-from helpers.results import SNAPSHOT_FILE
 from helpers.tooling.scripts import SEARCH_DEFAULTS, SMOKE_SEARCH_DEFAULTS, parse_tune_args
 from helpers.tuning import (
     ARRIVED_AT,
     SEARCH_SESSION,
+    InterruptMidSearch,
     ResultOrder,
     asha_decisions,
     check_search_resources,
-    interrupt_mid_search,
     plan_search,
     search_state,
-    trial_runs,
     trial_table,
 )
 
@@ -89,8 +86,10 @@ def simulated_search(seed: int, max_t: int, num_trials: int = 6) -> tuple[pd.Dat
         value = round(quality[trial] + 0.02 * epoch + rng.normal(0, 0.05), 4)
         decisions.append(scheduler.on_trial_result(None, SimpleNamespace(trial_id=trial),
                                                    {"epoch": epoch, "test_acc": value}))
-        results.append({"trial_id": trial, "epoch": epoch, "test_acc": value, SEARCH_SESSION: 1.0})
-        if decisions[-1] == TrialScheduler.STOP or not remaining[trial]:
+        done = decisions[-1] == TrialScheduler.STOP or not remaining[trial]
+        results.append({"trial_id": trial, "epoch": epoch, "test_acc": value, "done": done, SEARCH_SESSION: 1.0})
+        if done:  # Tune hands the trial's last result to the scheduler once more as the trial ends
+            scheduler.on_trial_complete(None, SimpleNamespace(trial_id=trial), {"epoch": epoch, "test_acc": value})
             del remaining[trial]
     return pd.DataFrame(results), decisions
 
@@ -130,6 +129,30 @@ def test_a_restored_search_starts_asha_afresh():
     assert table.loc["b", "why"] == "after epoch 1: 0.500 < 0.900, the cutoff of the 1 trial(s) there before it"
 
 
+def test_a_trial_that_resumed_past_a_rung_counts_there_once_it_ends():
+    # Lesson 11's search after its restore: trial "a" resumed at epoch 3 (its epoch 2 ended while the search
+    # stopped), so ASHA first sees it at max_t, where it stops it unrecorded; as "a" ends, ASHA records its value
+    # at rung 2. Trial "c" then reaches rung 2 above the median of "b" and "a": Ray's scheduler lets it go on.
+    scheduler = ASHAScheduler(time_attr="epoch", metric="test_acc", mode="max", grace_period=1, reduction_factor=2,
+                              max_t=3)
+    rows, by_ray = [("b", 1, 0.94, False), ("b", 2, 0.947, False), ("a", 3, 0.867, True), ("c", 1, 0.95, False),
+                    ("c", 2, 0.913, False)], []
+    for trial in ("b", "a", "c"):
+        scheduler.on_trial_add(None, SimpleNamespace(trial_id=trial))
+    for trial, epoch, value, done in rows:
+        result = {"epoch": epoch, "test_acc": value}
+        by_ray.append(scheduler.on_trial_result(None, SimpleNamespace(trial_id=trial), result))
+        if done:
+            scheduler.on_trial_complete(None, SimpleNamespace(trial_id=trial), result)
+    assert by_ray[-1] == TrialScheduler.CONTINUE
+    history = pd.DataFrame([{"trial_id": trial, "epoch": epoch, "test_acc": value, "done": done, SEARCH_SESSION: 2.0}
+                            for trial, epoch, value, done in rows])
+    decisions = asha_decisions(history, "test_acc", "max", time_attr="epoch", grace_period=1, reduction_factor=2,
+                               max_t=3)
+    assert list(decisions["decision"]) == ["continue", "continue", "end (max_t)", "continue", "continue"]
+    assert decisions.iloc[-1]["earlier"] == [0.947, 0.867]
+
+
 def test_result_order_stamps_each_result_with_its_arrival():
     order = ResultOrder()
     order.setup()
@@ -161,30 +184,23 @@ def test_search_state_reads_the_statuses_tune_saved_and_the_results(tmp_path):
         "8f957_00002": {"status": "RUNNING", "results": 0}, "8f957_00003": {"status": "PENDING", "results": 0}}
 
 
-def checkpointed(storage, run: str, epoch: int) -> None:
-    """A Ray Train run folder whose snapshot says its latest checkpoint is `epoch`'s, as Ray Train 2.60 writes it."""
-    (storage / run).mkdir(exist_ok=True)
-    (storage / run / SNAPSHOT_FILE).write_text(json.dumps({"latest_checkpoint_result": {"metrics": {"epoch": epoch}}}))
-
-
-def test_interrupt_mid_search_presses_ctrl_c_once_a_run_ended_and_another_just_began(tmp_path):
-    waits = "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted')\n"
-    script = subprocess.Popen([sys.executable, "-c", waits], stdout=subprocess.PIPE, text=True)
+def test_interrupt_mid_search_presses_ctrl_c_once_a_trial_finished_and_another_reported_its_first_epoch():
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
     try:
-        (tmp_path / "search").mkdir()  # Tune's folder; the trials' runs are beside it, "search-<trial id>"
-        watch = interrupt_mid_search(str(tmp_path / "search"), num_epochs=3, pid=script.pid, settle_s=0.5)
-        checkpointed(tmp_path, "search-8f957_00000", 2)  # its last epoch
-        checkpointed(tmp_path, "search-8f957_00001", 1)  # mid-run, but not just begun
-        checkpointed(tmp_path, "other-8f957_00002", 0)  # another search's run
-        time.sleep(1.5)
-        assert script.poll() is None, "interrupted although no run had just checkpointed its first epoch"
-        checkpointed(tmp_path, "search-8f957_00002", 0)
-        stdout, _ = script.communicate(timeout=30)
-        watch.set()
+        press = InterruptMidSearch()
+        running, pending = SimpleNamespace(status="RUNNING"), SimpleNamespace(status="PENDING")
+        press.on_trial_result(0, [running, running, pending], running, {"epoch": 0})  # nothing has finished
+        trials = [SimpleNamespace(status="TERMINATED"), running, pending]
+        press.on_trial_result(0, trials, running, {"epoch": 1})  # mid-run, but not just begun
+        assert pressed == []
+        restored = pickle.loads(pickle.dumps(press))  # what Tuner.restore brings back
+        press.on_trial_result(0, trials, running, {"epoch": 0})
+        press.on_trial_result(0, trials, running, {"epoch": 0})  # once only
+        restored.on_trial_result(0, trials, running, {"epoch": 0})
     finally:
-        script.kill()
-    assert stdout.strip() == "interrupted" and script.returncode == 0  # SIGINT: Python's KeyboardInterrupt
-    assert trial_runs(str(tmp_path / "search")) == {"8f957_00000": 2, "8f957_00001": 1, "8f957_00002": 0}
+        signal.signal(signal.SIGINT, previous)
+    assert pressed == [signal.SIGINT]
 
 
 def test_tune_script_flags_default_to_the_mode(monkeypatch):
