@@ -217,14 +217,11 @@ def asha_decisions(history: pd.DataFrame, metric: str, mode: str, time_attr: str
     sign = 1.0 if mode == "max" else -1.0
 
     def reached_rung(rungs: dict, trial: str, time_value: float) -> float | None:
-        """The rung this result records at, as ASHA's bracket picks it (the highest it reached), or None."""
+        """The rung this result records at, as ASHA's bracket picks it: the highest it reached, unless the trial has
+        a value there already (then no new cutoff: None). None too below the lowest rung."""
         for milestone in milestones:
-            if trial in rungs[milestone]:
-                if time_value >= milestone:
-                    return None  # recorded there already: no new cutoff
-                continue
             if time_value >= milestone:
-                return milestone
+                return None if trial in rungs[milestone] else milestone
         return None
 
     rows, rungs, session = [], {}, None
