@@ -254,21 +254,23 @@ def test_own_memory_counts_a_process_heap_not_the_shared_memory_it_touches(tmp_p
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm: own_bytes is USS there")
-    before = own_bytes(os.getpid())
-    heap = np.ones(64 * MIB, dtype=np.uint8)  # 64 MiB of this process's own pages, touched
-    after_heap = own_bytes(os.getpid())
     path = shm / f"test-own-bytes-{os.getpid()}"
-    try:
-        with path.open("w+b") as file:  # a shared-memory file, as Ray's object store is
-            file.truncate(64 * MIB)
-            with mmap.mmap(file.fileno(), 64 * MIB) as shared:
-                shared[:] = b"\x01" * (64 * MIB)  # touched, and only this process maps it: in its USS
-                after_shared = own_bytes(os.getpid())
-    finally:
-        path.unlink()
+    # 64 MiB of this process's own pages, touched: new anonymous pages, as malloc maps for a large buffer. (Not
+    # np.ones: late in a long session malloc may hand out freed heap pages that are resident already.)
+    with mmap.mmap(-1, 64 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as heap:
+        before = own_bytes(os.getpid())
+        heap[:] = b"\x01" * (64 * MIB)
+        after_heap = own_bytes(os.getpid())
+        try:
+            with path.open("w+b") as file:  # a shared-memory file, as Ray's object store is
+                file.truncate(64 * MIB)
+                with mmap.mmap(file.fileno(), 64 * MIB) as shared:
+                    shared[:] = b"\x01" * (64 * MIB)  # touched, and only this process maps it: in its USS
+                    after_shared = own_bytes(os.getpid())
+        finally:
+            path.unlink()
     assert after_heap - before >= 60 * MIB
     assert abs(after_shared - after_heap) < 8 * MIB
-    del heap
 
 
 @pytest.fixture(scope="module")
