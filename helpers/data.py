@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from filelock import FileLock
-from torchvision import datasets, transforms
+
+if TYPE_CHECKING:  # torchvision is imported where MNIST is loaded: helpers.cifar imports this module without torch
+    from torchvision import datasets, transforms
 
 #: The four IDX files torchvision's MNIST looks for under `<data_dir>/MNIST/raw/`.
 MNIST_RAW_FILES = (
@@ -31,6 +34,8 @@ class DataNotFoundError(FileNotFoundError):
 
 def mnist_transform() -> transforms.Compose:
     """MNIST's preprocessing in every lesson: a [0, 1] tensor, then normalised to [-1, 1]."""
+    from torchvision import transforms
+
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
 
 
@@ -77,6 +82,8 @@ def load_mnist(data_dir: str | Path, train: bool = True, transform=None) -> data
     for it and then find the files. Raises DataNotFoundError within seconds when the files are missing
     and no mirror answers (or `data_dir` cannot be created on this node), instead of a hanging download.
     """
+    from torchvision import datasets
+
     data_dir = Path(data_dir)
     transform = mnist_transform() if transform is None else transform
     if not mnist_is_present(data_dir):

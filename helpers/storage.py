@@ -5,6 +5,10 @@
 own files there (run folders, summaries, the metrics history, the Parquet copy of MNIST) go through the
 same layer, so an `s3://` path never turns into a local folder named `s3:`.
 
+Datasets that several runs may prepare at the same time (MNIST as Parquet, lesson 10's synthetic images, the
+CIFAR-10 download) go through `write_once`: each writer writes a copy in a folder of its own, which counts once its
+marker is there; no writer writes over or deletes a folder that another run may be reading.
+
 Paths are plain strings: absolute local paths, or URIs. Credentials for a bucket come from where
 pyarrow (and Ray Train) look for them: the environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, ...),
 the machine's instance role, or `~/.aws`. Every node that trains needs them.
@@ -12,9 +16,14 @@ the machine's instance role, or `~/.aws`. Every node that trains needs them.
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import posixpath
 import re
+import secrets
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -142,3 +151,69 @@ def delete_dir(path: str) -> None:
     if exists(path):
         filesystem, fs_path = resolve(path)
         filesystem.delete_dir(fs_path)
+
+
+# --- Datasets that concurrent runs share ---------------------------------------------------------------------------
+
+#: Written last into each copy of a dataset that `write_once` makes: the copy is complete. JSON: what its writer said.
+COPY_MARKER = "_COMPLETE.json"
+#: A copy's folder name: when its writer started (UTC, to the microsecond), then a random id. Sorted by name, the copies
+#: are in the order their writers started (by each writer's clock).
+_COPY_NAME = re.compile(r"\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{8}")
+
+
+def _copies(root: str) -> list[str]:
+    """Every copy folder under `root`, complete or not, earliest-started first."""
+    try:
+        entries = list_dir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(join(root, entry.base_name) for entry in entries
+                  if entry.type == pafs.FileType.Directory and _COPY_NAME.fullmatch(entry.base_name))
+
+
+def read_marker(copy: str) -> dict[str, Any] | None:
+    """The marker of a complete copy (what its writer stored), or None when the copy has none (yet)."""
+    path = join(copy, COPY_MARKER)
+    if not is_file(path):
+        return None
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError:  # on a local or NFS folder, the file is there before its bytes: still being written
+        return None
+
+
+def complete_copies(root: str, accept: Callable[[dict[str, Any]], bool] | None = None) -> list[str]:
+    """The complete copies of a dataset under `root` whose marker `accept` takes (all by default), earliest first."""
+    return [copy for copy in _copies(root)
+            if (marker := read_marker(copy)) is not None and (accept is None or accept(marker))]
+
+
+def incomplete_copies(root: str) -> list[str]:
+    """The copies under `root` without their marker: writes still going, or leftovers of writers that stopped."""
+    return [copy for copy in _copies(root) if read_marker(copy) is None]
+
+
+def write_once(root: str, write: Callable[[str], dict[str, Any]],
+               accept: Callable[[dict[str, Any]], bool] | None = None) -> str:
+    """The earliest-started complete copy of a dataset under `root`; when there is none, write one first.
+
+    For a dataset that concurrent runs prepare on one storage path (a notebook beside a job, two people sharing a
+    workspace's storage), on a local folder, NFS or a bucket (s3://, which has no atomic rename). A run that finds a
+    complete copy writes nothing. Otherwise it calls `write(copy)` on a new folder of its own,
+    `<root>/<UTC start>-<random id>`, then stores the JSON that `write` returned as the copy's marker (COPY_MARKER),
+    last, and returns the earliest-started copy complete by then. So runs that start together each write a copy,
+    and no writer replaces or deletes a folder that another run may be reading. Only copies whose marker `accept`
+    takes count (a copy in another layout is left alone too).
+
+    A copy without a marker is never read nor deleted: it may be the live write of a run still going. The leftovers
+    of runs stopped half-way stay until you remove them, once no run is preparing the dataset:
+    `for copy in incomplete_copies(root): delete_dir(copy)` (or `delete_dir(root)`, to start over).
+    """
+    if complete := complete_copies(root, accept):
+        return complete[0]
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    copy = join(root, f"{started}-{secrets.token_hex(4)}")
+    marker = write(copy)
+    write_text(join(copy, COPY_MARKER), json.dumps(marker, indent=1) + "\n")  # last: from now on, the copy counts
+    return (complete_copies(root, accept) or [copy])[0]  # another run's earlier copy may have completed meanwhile

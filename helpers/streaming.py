@@ -3,7 +3,8 @@
 Kept here once for `notebooks/train_streaming.py` and lesson 10:
 
 - `synthetic_folder` writes N GB of random images as Parquet under the storage path, once, with Ray Data itself
-  (so writing streams too, and works on a cluster and on s3://); `remove_synthetic_images` is the clean-up step;
+  (so writing streams too, and works on a cluster and on s3://), in a copy that concurrent runs share safely
+  (`storage.write_once`); `remove_synthetic_images` is the clean-up step;
 - `streaming_dataset` reads and normalises it lazily: nothing is materialized, Ray Data streams blocks to the
   workers while they train, within a fixed object-store budget (`streaming_data_config`);
 - `train_loop_per_worker` is the loop the lesson teaches (the `# [n]` marks say what changed from lesson 03's);
@@ -57,11 +58,11 @@ IMAGE_TYPE = pa.binary(ROW_BYTES)
 ROW_MULTIPLE = 24
 #: Rows per Parquet file (10 MiB, one row group): the same at every size.
 ROWS_PER_FILE = 840
-#: Datasets live under `<storage_path>/datasets/`, each in a folder named for its size.
+#: Datasets live under `<storage_path>/datasets/`, each in a folder named for its size that holds its copies.
 DATASETS = "datasets"
 FOLDER_PREFIX = "synthetic-images-"
-#: Written last into a dataset's folder: the dataset is complete (rows, bytes, shape). Ray Data reads only `.parquet`.
-COMPLETE_MARKER = "_COMPLETE.json"
+#: Written last into a copy's folder: the copy is complete (rows, bytes, shape). Ray Data reads only `.parquet`.
+COMPLETE_MARKER = storage.COPY_MARKER
 
 
 # --- The synthetic dataset -------------------------------------------------------------------------------------
@@ -72,18 +73,25 @@ def num_rows_for(size_gb: float) -> int:
 
 
 def synthetic_path(storage_path: str, size_gb: float) -> str:
-    """Where `synthetic_folder` keeps the dataset of `size_gb` GB (whether or not it is written yet)."""
+    """The folder where `synthetic_folder` keeps the copies of the dataset of `size_gb` GB (written yet or not)."""
     return storage.join(storage_path, DATASETS, f"{FOLDER_PREFIX}{size_gb:g}gb")
 
 
+def _this_layout(marker: dict[str, Any]) -> bool:
+    """True for a copy of images in this module's layout (earlier versions of it wrote them as lists of uint8)."""
+    return marker.get("image_type") == str(IMAGE_TYPE)
+
+
 def dataset_marker(folder: str) -> dict[str, Any] | None:
-    """The marker of a complete dataset folder (rows, bytes, shape, ...), or None when the folder is incomplete or
-    holds images in another layout (earlier versions of this code wrote them as lists of uint8)."""
-    path = storage.join(folder, COMPLETE_MARKER)
-    if not storage.is_file(path):
-        return None
-    marker = json.loads(storage.read_text(path))
-    return marker if marker.get("image_type") == str(IMAGE_TYPE) else None
+    """The marker of a complete copy (rows, bytes, shape, ...), or None when the copy is incomplete or holds images
+    in another layout."""
+    marker = storage.read_marker(folder)
+    return marker if marker is not None and _this_layout(marker) else None
+
+
+def find_synthetic_folder(storage_path: str, size_gb: float) -> str | None:
+    """The complete copy that `synthetic_folder` would return without writing anything, or None."""
+    return next(iter(storage.complete_copies(synthetic_path(storage_path, size_gb), _this_layout)), None)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -116,26 +124,28 @@ def synthetic_folder(storage_path: str, size_gb: float) -> str:
 
     Ray Data writes it: a stream of tasks, each making and writing one file, so no process ever holds the whole
     dataset, and every node of a cluster can take a share (the storage path must then be shared, or s3://).
-    The marker is written last: a folder without it (an interrupted write), or with images in another layout, is
-    deleted and written again.
+    The folder is a copy under `synthetic_path(...)`, made with `storage.write_once`: runs that ask for the same size
+    at the same time each get a complete copy, and none writes over or deletes one that another run reads. A copy
+    without its marker (an interrupted write), or with images in another layout, is ignored and left as it is.
     """
-    folder = synthetic_path(storage_path, size_gb)
-    if dataset_marker(folder) is not None:
-        return folder
-    storage.delete_dir(folder)  # an interrupted write, or another layout: start again from nothing
-    num_rows = num_rows_for(size_gb)
-    started = time.perf_counter()
-    (ray.data.range(num_rows, override_num_blocks=math.ceil(num_rows / ROWS_PER_FILE))  # ids 0..num_rows-1
-     .map_batches(make_images, batch_size=None)  # one block in, one file's rows out
-     .write_parquet(folder))
-    marker = {"rows": num_rows, "bytes": storage.size(folder), "image_shape": list(IMAGE_SHAPE),
-              "image_type": str(IMAGE_TYPE), "size_gb": size_gb, "write_s": round(time.perf_counter() - started, 2)}
-    storage.write_text(storage.join(folder, COMPLETE_MARKER), json.dumps(marker, indent=1) + "\n")
-    return folder
+    def write(copy: str) -> dict[str, Any]:
+        num_rows = num_rows_for(size_gb)
+        started = time.perf_counter()
+        (ray.data.range(num_rows, override_num_blocks=math.ceil(num_rows / ROWS_PER_FILE))  # ids 0..num_rows-1
+         .map_batches(make_images, batch_size=None)  # one block in, one file's rows out
+         .write_parquet(copy))
+        return {"rows": num_rows, "bytes": storage.size(copy), "image_shape": list(IMAGE_SHAPE),
+                "image_type": str(IMAGE_TYPE), "size_gb": size_gb, "write_s": round(time.perf_counter() - started, 2)}
+
+    return storage.write_once(synthetic_path(storage_path, size_gb), write, accept=_this_layout)
 
 
 def remove_synthetic_images(storage_path: str) -> int:
-    """Delete every synthetic dataset under `<storage_path>/datasets/` (nothing else); return the bytes freed."""
+    """Delete every synthetic dataset under `<storage_path>/datasets/` (nothing else); return the bytes freed.
+
+    Every copy goes, complete or not (the leftovers of interrupted writes too): run it only when no run on this
+    storage path reads or writes them.
+    """
     root = storage.join(storage_path, DATASETS)
     if not storage.is_dir(root):
         return 0
@@ -150,7 +160,7 @@ def remove_synthetic_images(storage_path: str) -> int:
 
 def check_free_disk(storage_path: str, size_gb: float) -> None:
     """Raise StoragePathError when a local storage path has less free disk than the dataset still to write needs."""
-    if storage.is_uri(storage_path) or dataset_marker(synthetic_path(storage_path, size_gb)) is not None:
+    if storage.is_uri(storage_path) or find_synthetic_folder(storage_path, size_gb) is not None:
         return  # a bucket has no "free disk"; a complete dataset is reused
     existing = Path(storage_path).absolute()
     while not existing.exists():

@@ -75,24 +75,26 @@ def test_parquet_holds_all_of_mnist_and_is_written_only_once(course_ray, mnist_p
     labels = train.select_columns(["label"]).to_pandas()["label"].to_numpy()
     assert np.array_equal(np.bincount(labels, minlength=10), np.bincount(mnist.targets.numpy(), minlength=10))
     assert ray.data.read_parquet(storage.join(mnist_parquet, "test")).count() == 10_000
-    root = Path(mnist_parquet)
-    names = sorted(path.name for path in (root / "train").iterdir())
+    copy = Path(mnist_parquet)  # <storage_path>/datasets/mnist-parquet/<copy>/{train,test}
+    names = sorted(path.name for path in (copy / "train").iterdir())
     assert names[0] == "_SUCCESS" and len(names) == 9 and all(name.startswith("part-00") for name in names[1:])
+    assert copy.parent.name == "mnist-parquet" and storage.complete_copies(str(copy.parent)) == [mnist_parquet]
 
-    files = {path: path.stat().st_mtime_ns for path in root.rglob("*.parquet")}
-    assert write_mnist_parquet(course_ray.data_dir, str(root.parent.parent)) == mnist_parquet
-    assert {path: path.stat().st_mtime_ns for path in root.rglob("*.parquet")} == files, "rewritten"
+    files = {path: path.stat().st_mtime_ns for path in copy.parent.rglob("*")}
+    assert write_mnist_parquet(course_ray.data_dir, str(copy.parent.parent.parent)) == mnist_parquet
+    assert {path: path.stat().st_mtime_ns for path in copy.parent.rglob("*")} == files, "rewritten"
 
 
-def test_an_interrupted_write_is_written_again_without_duplicate_rows(course_ray, tmp_path):
+def test_an_interrupted_copy_is_ignored_and_left_as_it_is(course_ray, tmp_path):
+    interrupted = Path(write_mnist_parquet(course_ray.data_dir, str(tmp_path)))
+    (interrupted / storage.COPY_MARKER).unlink()  # as if stopped before the marker, with a file of the test split
+    sorted((interrupted / "test").glob("*.parquet"))[3].unlink()  # still to write
+    files = {path: path.stat().st_mtime_ns for path in interrupted.rglob("*")}
     root = write_mnist_parquet(course_ray.data_dir, str(tmp_path))
-    (tmp_path / "datasets" / "mnist-parquet" / "test" / "_SUCCESS").unlink()  # as if stopped before the marker
-    test = tmp_path / "datasets" / "mnist-parquet" / "test"
-    parts = sorted(test.glob("*.parquet"))
-    parts[3].unlink()
-    parts[0].rename(test / "part-99999.parquet")  # a file no new write would replace
-    assert write_mnist_parquet(course_ray.data_dir, str(tmp_path)) == root
+    assert Path(root).parent == interrupted.parent and root != str(interrupted)
     assert ray.data.read_parquet(storage.join(root, "test")).count() == 10_000
+    assert {path: path.stat().st_mtime_ns for path in interrupted.rglob("*")} == files, "the leftover was changed"
+    assert storage.incomplete_copies(str(interrupted.parent)) == [str(interrupted)]
 
 
 def test_the_training_datasets_are_normalised_and_materialized(mnist_parquet):

@@ -284,7 +284,7 @@ def uninterrupted_run(course_env: dict[str, str], worker_node_ids: set[str]) -> 
 
 def test_lesson_03_s_script_trains_on_two_worker_nodes(course_env: dict[str, str], uninterrupted_run: Path) -> None:
     # The Parquet copy, written by the run's Ray Data tasks on the worker nodes, lies on the shared storage.
-    assert len(list(Path(course_env["COURSE_STORAGE_PATH"]).glob("datasets/mnist-parquet/*/*.parquet"))) == 16
+    assert len(list(Path(course_env["COURSE_STORAGE_PATH"]).glob("datasets/mnist-parquet/*/*/*.parquet"))) == 16
 
 
 def test_a_script_stopped_with_ctrl_c_continues_by_name_to_the_uninterrupted_metrics(

@@ -98,11 +98,13 @@ def test_a_lesson_02_run_keeps_checkpoints_and_history_in_the_bucket(on_s3, caps
 def test_the_parquet_copy_is_written_to_and_read_from_the_bucket(on_s3):
     cfg, _ = on_s3
     root = write_mnist_parquet(cfg.data_dir, cfg.storage_path)
-    assert root == f"{cfg.storage_path}/datasets/mnist-parquet"
-    keys = _objects(root)
+    copies = f"{cfg.storage_path}/datasets/mnist-parquet"
+    assert storage.complete_copies(copies) == [root] and root.startswith(f"{copies}/")
+    keys = _objects(copies)
     assert sum(key.endswith(".parquet") for key in keys) == 16
     assert sum(key.endswith(f"/{COMPLETE_MARKER}") for key in keys) == 2
-    assert write_mnist_parquet(cfg.data_dir, cfg.storage_path) == root and _objects(root) == keys, "rewritten"
+    assert sum(key.endswith(f"/{storage.COPY_MARKER}") for key in keys) == 1
+    assert write_mnist_parquet(cfg.data_dir, cfg.storage_path) == root and _objects(copies) == keys, "rewritten"
 
     datasets = mnist_datasets(root, SMOKE_ROWS)
     assert {name: dataset.count() for name, dataset in datasets.items()} == SMOKE_ROWS

@@ -37,6 +37,7 @@ from helpers.streaming import (
     check_every_row_once,
     check_free_disk,
     dataset_marker,
+    find_synthetic_folder,
     make_images,
     normalize_images,
     num_rows_for,
@@ -150,7 +151,9 @@ def _read_ids(folder: str) -> np.ndarray:
 
 def test_the_dataset_is_written_once_with_about_the_requested_bytes(course_ray, tmp_path):
     folder = synthetic_folder(str(tmp_path), TINY_GB)
-    assert folder == synthetic_path(str(tmp_path), TINY_GB) == str(tmp_path / "datasets" / "synthetic-images-0.002gb")
+    root = synthetic_path(str(tmp_path), TINY_GB)
+    assert root == str(tmp_path / "datasets" / "synthetic-images-0.002gb") and storage.complete_copies(root) == [folder]
+    assert find_synthetic_folder(str(tmp_path), TINY_GB) == folder
     marker = dataset_marker(folder)
     rows = num_rows_for(TINY_GB)
     assert marker["rows"] == rows and marker["image_shape"] == list(IMAGE_SHAPE)
@@ -158,39 +161,43 @@ def test_the_dataset_is_written_once_with_about_the_requested_bytes(course_ray, 
     assert marker["bytes"] == pytest.approx(TINY_GB * GB, rel=0.1), "incompressible: the bytes on disk are the size"
     np.testing.assert_array_equal(_read_ids(folder), np.arange(rows))
 
-    files = {path: path.stat().st_mtime_ns for path in Path(folder).iterdir()}
+    files = {path: path.stat().st_mtime_ns for path in Path(root).rglob("*")}
     assert synthetic_folder(str(tmp_path), TINY_GB) == folder
-    assert {path: path.stat().st_mtime_ns for path in Path(folder).iterdir()} == files, "rewritten"
+    assert {path: path.stat().st_mtime_ns for path in Path(root).rglob("*")} == files, "rewritten"
 
 
-def test_a_folder_of_images_in_the_old_layout_is_written_again(course_ray, tmp_path):
-    folder = Path(synthetic_folder(str(tmp_path), TINY_GB))
-    marker = json.loads((folder / COMPLETE_MARKER).read_text())
+def test_a_copy_of_images_in_the_old_layout_is_left_alone_and_another_written(course_ray, tmp_path):
+    old = Path(synthetic_folder(str(tmp_path), TINY_GB))
+    marker = json.loads((old / COMPLETE_MARKER).read_text())
     assert marker["image_type"] == "fixed_size_binary[12288]"
     del marker["image_type"]  # what earlier versions wrote, with images as lists of uint8
-    (folder / COMPLETE_MARKER).write_text(json.dumps(marker))
-    assert dataset_marker(str(folder)) is None
-    synthetic_folder(str(tmp_path), TINY_GB)
-    assert dataset_marker(str(folder))["image_type"] == "fixed_size_binary[12288]"
+    (old / COMPLETE_MARKER).write_text(json.dumps(marker))
+    assert dataset_marker(str(old)) is None and find_synthetic_folder(str(tmp_path), TINY_GB) is None
+    folder = synthetic_folder(str(tmp_path), TINY_GB)
+    assert folder != str(old) and dataset_marker(folder)["image_type"] == "fixed_size_binary[12288]"
+    assert "image_type" not in json.loads((old / COMPLETE_MARKER).read_text()), "another run may still read it"
 
 
-def test_an_incomplete_folder_is_written_again(course_ray, tmp_path):
-    folder = Path(synthetic_path(str(tmp_path), TINY_GB))
-    folder.mkdir(parents=True)
-    (folder / "part-from-an-interrupted-write.parquet").write_bytes(b"not parquet")  # and no marker
-    assert dataset_marker(str(folder)) is None
-    synthetic_folder(str(tmp_path), TINY_GB)
-    assert not (folder / "part-from-an-interrupted-write.parquet").exists()
-    np.testing.assert_array_equal(_read_ids(str(folder)), np.arange(num_rows_for(TINY_GB)))
-    assert json.loads((folder / COMPLETE_MARKER).read_text())["rows"] == num_rows_for(TINY_GB)
+def test_an_incomplete_copy_is_ignored_and_left_as_it_is(course_ray, tmp_path):
+    root = Path(synthetic_path(str(tmp_path), TINY_GB))
+    leftover = root / "20250101T000000.000000Z-0123abcd"  # as `storage.write_once` names a copy
+    leftover.mkdir(parents=True)
+    (leftover / "part-from-an-interrupted-write.parquet").write_bytes(b"not parquet")  # and no marker
+    assert dataset_marker(str(leftover)) is None and storage.incomplete_copies(str(root)) == [str(leftover)]
+    folder = synthetic_folder(str(tmp_path), TINY_GB)
+    assert Path(folder).parent == root and folder != str(leftover)
+    assert (leftover / "part-from-an-interrupted-write.parquet").read_bytes() == b"not parquet"
+    np.testing.assert_array_equal(_read_ids(folder), np.arange(num_rows_for(TINY_GB)))
+    assert json.loads((Path(folder) / COMPLETE_MARKER).read_text())["rows"] == num_rows_for(TINY_GB)
 
 
 def test_the_clean_up_removes_only_the_synthetic_datasets(tmp_path):
     datasets = tmp_path / "datasets"
     for name, size in (("synthetic-images-0.25gb", 300), ("synthetic-images-1gb", 700), ("mnist-parquet", 50),
                        ("synthetic-images-notes", 5)):
-        (datasets / name).mkdir(parents=True)
-        (datasets / name / "part-00000.parquet").write_bytes(b"x" * size)
+        copy = datasets / name / "20250101T000000.000000Z-0123abcd"  # copies, complete or not: all removed
+        copy.mkdir(parents=True)
+        (copy / "part-00000.parquet").write_bytes(b"x" * size)
     (tmp_path / "train_streaming-run").mkdir()  # a run folder beside the datasets stays too
     assert remove_synthetic_images(str(tmp_path)) == 1000
     assert sorted(path.name for path in datasets.iterdir()) == ["mnist-parquet", "synthetic-images-notes"]
