@@ -45,6 +45,7 @@ class CourseConfig:
     #: None: each worker gets its share of the CPUs of the node it runs on (COURSE_CPUS_PER_WORKER unset).
     cpus_per_worker: float | None
     accelerator_type: str | None
+    #: RAY_ADDRESS as given; in what `setup()` returns, the cluster the kernel joined (None: it started a local Ray).
     ray_address: str | None
 
     @property

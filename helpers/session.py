@@ -6,16 +6,17 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import helpers
-from helpers.config import CourseConfig, load_config, load_dotenv_file
+from helpers.config import ConfigError, CourseConfig, load_config, load_dotenv_file
 from helpers.tooling import ray_internals
 
 #: The dashboard (and the Jobs API behind it) listens on loopback only.
@@ -76,7 +77,10 @@ def name_this_cluster() -> None:
     """
     import ray
 
-    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    # "local" or "auto" (inherited from a driver started with RAY_ADDRESS=local) name no cluster: Ray would look one
+    # up again, by the file `ray start` writes or by the GCS processes on the machine, and may find another.
+    if os.environ.get("RAY_ADDRESS", "").strip() in ("", LOCAL_RAY, "auto"):
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
 #: Set in every worker unless your environment sets them. RAY_DATA_LOG_LEVEL: Ray Data's info lines (each pass over a
@@ -168,20 +172,106 @@ def token_auth_state(joined: bool) -> str:
     return f"on: Ray requires its token (this kernel's from {token_source()})"
 
 
+#: RAY_ADDRESS=local: always start a local Ray, also where `ray start` recorded a cluster (Ray's `ray.init("local")`).
+LOCAL_RAY = "local"
+#: How long `ray_target` waits for the GCS of the cluster `ray start` recorded to accept a connection. A live GCS
+#: accepts at once, across a network too; a dead one would keep `ray.init()` waiting for ever.
+RECORDED_CLUSTER_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    """The Ray that `start_ray` runs on: the cluster at `address`, or a new local Ray (`address` None)."""
+
+    address: str | None
+    #: What named the cluster: "RAY_ADDRESS", or the file in which `ray start` recorded it.
+    named_by: str | None = None
+    #: Why a local Ray starts although `ray start` recorded a cluster (it does not answer): the line to print.
+    passed_over: str | None = None
+
+
+def ray_target(cfg: CourseConfig, timeout_s: float = RECORDED_CLUSTER_TIMEOUT_S) -> RayTarget:
+    """Which Ray `start_ray` joins or starts: RAY_ADDRESS's cluster, else the cluster `ray start` recorded on this
+    machine when it answers, else a new local Ray.
+
+    A plain `ray.init()` joins the recorded cluster without asking whether it still runs, and the file outlives a
+    head that was killed, ran out of memory or lost its container (only `ray stop` deletes it): `ray.init()` then
+    waits for that cluster without end, printing nothing. RAY_ADDRESS=auto joins the recorded cluster too: when it
+    does not answer, this raises ConfigError at once.
+    """
+    if cfg.ray_address == LOCAL_RAY:
+        return RayTarget(None)
+    if cfg.ray_address not in (None, "auto"):
+        return RayTarget(cfg.ray_address, "RAY_ADDRESS")
+    file, recorded = ray_internals.recorded_cluster_file(), ray_internals.recorded_cluster_address()
+    why = None if recorded is None else _unreachable(recorded, timeout_s)
+    if cfg.ray_address == "auto":
+        if why is not None:
+            raise ConfigError(
+                f"RAY_ADDRESS=auto joins the cluster that `ray start` recorded in {file}, {recorded}, but it does not "
+                f"answer ({why}). To fix it: start that cluster again, or set RAY_ADDRESS to the address of a running "
+                f"one, or to {LOCAL_RAY} to start a local Ray; if no Ray runs there any more, delete the file "
+                f"(rm {file}).")
+        return RayTarget(cfg.ray_address, "RAY_ADDRESS")  # Ray finds it: the recorded cluster, or its GCS process
+    if recorded is None:
+        return RayTarget(None)
+    if why is None:
+        return RayTarget(recorded, file)
+    return RayTarget(None, passed_over=(
+        f"Ray: {file} names the cluster {recorded}, which does not answer ({why}), so a local Ray starts instead. "
+        f"That file is left over from a Ray that ended without `ray stop`: delete it (rm {file}), or set "
+        f"RAY_ADDRESS={LOCAL_RAY} to always start a local Ray (`ray stop` deletes it too, but stops every Ray on "
+        "this machine)."))
+
+
+def _unreachable(address: str, timeout_s: float) -> str | None:
+    """Why nothing at the GCS address `address` accepts a TCP connection within `timeout_s`; None when it does."""
+    host_port = ray_internals.gcs_host_port(address)
+    if host_port is None:
+        return "not a host:port address"
+    try:
+        with socket.create_connection(host_port, timeout=timeout_s):
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except OSError as error:  # refused (nothing listens there), no route to the host, a name that does not resolve
+        return (error.strerror or str(error)).lower()
+
+
+#: The Ray that `start_ray` last joined or started in this process; None before it runs.
+_target: RayTarget | None = None
+
+
+def joined_address(cfg: CourseConfig) -> str | None:
+    """The address of the cluster this process joined (RAY_ADDRESS, or one `ray start` recorded); None: a local Ray."""
+    if _target is not None:
+        return _target.address
+    return None if cfg.ray_address == LOCAL_RAY else cfg.ray_address  # Ray was started without start_ray
+
+
 def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> float:
-    """Start an embedded local Ray (or connect to `RAY_ADDRESS`); return the seconds it took.
+    """Start an embedded local Ray, or join a cluster (see `ray_target`); return the seconds it took.
 
     `object_store_memory` (bytes) sizes the local Ray's object store (Ray's default: 30% of RAM). A cluster's nodes
     sized theirs when they started (`ray start --object-store-memory`): with RAY_ADDRESS, `ray.init` refuses it.
     """
     import ray
 
-    global _dashboard_url
+    global _dashboard_url, _target
 
-    local = {} if cfg.ray_address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
+    target = ray_target(cfg)
+    if target.passed_over:
+        print(target.passed_over, flush=True)
+    if target.named_by not in (None, "RAY_ADDRESS") and object_store_memory is not None:
+        # The script's own check (helpers.tooling.scripts) sees RAY_ADDRESS only; ray.init's error names neither.
+        raise ConfigError(
+            f"An object store size is given for the local Ray, but Ray joins the cluster that `ray start` recorded in "
+            f"{target.named_by}, {target.address}, whose nodes sized their object stores when they started. To fix it: "
+            f"set RAY_ADDRESS={LOCAL_RAY} to start a local Ray, or leave the size out to run on that cluster.")
+    local = {} if target.address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
     if object_store_memory is not None:
         local["object_store_memory"] = object_store_memory
-    if cfg.ray_address:
+    if target.address:
         send_token_if_given()  # a cluster with token auth refuses a driver that does not send it
     else:
         # One machine is never preempted: skip the actor Ray Train starts on every fit() to watch for node
@@ -189,8 +279,11 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
         # took 13 s instead of 16 s here. Clusters (RAY_ADDRESS) keep it; .env can set it either way.
         os.environ.setdefault(PREEMPTION_WATCHER_VAR, "0")
     started = time.perf_counter()
-    # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
-    context = ray.init(address=cfg.ray_address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
+    # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead. The address is
+    # always explicit: with none, Ray would read the recorded cluster again, which may have changed meanwhile.
+    context = ray.init(address=target.address or LOCAL_RAY, runtime_env=runtime_env(cfg), logging_level=logging.ERROR,
+                       **local)
+    _target = target
     _dashboard_url = context.dashboard_url or None
     # Ray Train asks this actor for resources on every fit() and waits 5 s for its answer: started now, in the
     # background, the first fit() of the session does not time out while it starts (see helpers.cluster).
@@ -259,11 +352,15 @@ def setup(start: bool = True) -> CourseConfig:
         how = "already running in this kernel: reused"
     else:
         seconds = start_ray(cfg)
-        how = f"connected to {cfg.ray_address}" if cfg.ray_address else "started a local Ray"
+        how = f"connected to {_target.address}" if _target.address else "started a local Ray"
+        if _target.named_by not in (None, "RAY_ADDRESS"):
+            how += f" (recorded by `ray start` in {_target.named_by})"
         how += f" in {seconds:.1f} s"
+    joined = joined_address(cfg)
     capacity = cluster_capacity()
     plan = plan_workers(cfg, capacity=capacity)  # GPUs or CPUs, how many workers, and why
-    cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers)
+    # From here on, cfg.ray_address is the cluster this kernel joined (None: a local Ray, also for RAY_ADDRESS=local).
+    cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers, ray_address=joined)
     _print_rows({
         "mode": _mode(cfg),
         "device": "cuda (GPU)" if cfg.use_gpu else "cpu",
@@ -274,7 +371,7 @@ def setup(start: bool = True) -> CourseConfig:
         "Ray": f"{ray.__version__}, {how}",
         "cluster": capacity.describe(),
         "dashboard": f"http://{_dashboard_url}" if _dashboard_url else "not running",
-        "token auth": token_auth_state(joined=bool(cfg.ray_address)),
+        "token auth": token_auth_state(joined=joined is not None),
         "torch": torch.__version__,
     })
     return cfg

@@ -5,8 +5,9 @@ instead of 272 in the same 2-worker run).
 
 One cluster serves the module. Drivers run as subprocesses that join it through RAY_ADDRESS and the cluster's
 token (RAY_AUTH_TOKEN, without RAY_AUTH_MODE: the course's setup() must set that), as a learner's script or
-notebook would: lesson 02's and lesson 03's scripts with 1 and 2 workers, setup() itself, and lesson 11's search
-(its trials on both worker nodes, stopped with Ctrl-C and continued by name: tests/test_tuning.py tests the rest of it).
+notebook would: lesson 02's and lesson 03's scripts with 1 and 2 workers, setup() itself (also with no RAY_ADDRESS,
+where `ray start` recorded the cluster), and lesson 11's search (its trials on both worker nodes, stopped with Ctrl-C
+and continued by name: tests/test_tuning.py tests the rest of it).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +33,7 @@ import pytest
 from helpers.config import REPO_ROOT
 from helpers.fault_tolerance import press_ctrl_c_when_checkpointed
 from helpers.results import latest_checkpoint_metrics, read_history
+from helpers.session import PREEMPTION_WATCHER_VAR
 from helpers.tooling.local_cluster import LocalCluster
 from helpers.tuning import TRIAL_ID_IN_FOLDER, search_state
 
@@ -241,6 +245,42 @@ def test_setup_joins_with_the_token_sizes_per_node_and_ships_helpers(course_env:
         assert "runtime_resources" in node["file"] and "py_modules_files" in node["file"], node
         assert not node["file"].startswith(str(REPO_ROOT)), node
         assert len(node["py_modules"]) == 1 and node["py_modules"][0].startswith("gcs://_ray_pkg_"), node
+
+
+#: setup() with no RAY_ADDRESS, then what the course made of the cluster it found, as JSON.
+RECORDED_DRIVER = """
+import json, os
+from helpers import setup
+from helpers.session import PREEMPTION_WATCHER_VAR
+
+cfg = setup()
+print(json.dumps({"ray_address": cfg.ray_address, "auth_mode": os.environ.get("RAY_AUTH_MODE"),
+                  "preemption_watcher": os.environ.get(PREEMPTION_WATCHER_VAR)}))
+"""
+
+
+def test_setup_joins_the_cluster_ray_start_recorded_as_a_cluster(cluster: LocalCluster) -> None:
+    # No RAY_ADDRESS: a plain ray.init() joins the cluster that `ray start --head` recorded, and so does setup(), but
+    # as a joined cluster (the token sent, Ray Train's preemption watcher left on), saying where the address came from.
+    # The file `ray start` wrote goes where Ray looks for it, in a private RAY_TMPDIR: never /tmp/ray, which is shared.
+    ray_tmpdir = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        recorded = ray_tmpdir / "ray" / "ray_current_cluster"
+        recorded.parent.mkdir()
+        shutil.copy(cluster.temp_dir / "ray_current_cluster", recorded)
+        env = clean_env(RAY_AUTH_TOKEN=cluster.token, RAY_TMPDIR=str(ray_tmpdir), COURSE_SMOKE_TEST="1")
+        env.pop(PREEMPTION_WATCHER_VAR, None)  # as in a fresh kernel (setup() in this process may have set it)
+        result = run_driver(RECORDED_DRIVER, env)
+    finally:
+        shutil.rmtree(ray_tmpdir, ignore_errors=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    printed = out.rsplit("\n", 2)[0]  # setup()'s lines, shown whole when a check fails
+    assert out.startswith("mode "), printed  # nothing before setup()'s rows: the recorded cluster answered
+    assert f", connected to {cluster.address} (recorded by `ray start` in {recorded}) in " in out, printed
+    assert "token auth   : on: Ray requires its token (this kernel's from RAY_AUTH_TOKEN)" in out, printed
+    assert "cluster      : 2 CPUs, 0 GPUs, 3 node(s)" in out, printed
+    assert last_json_line(out) == {"ray_address": cluster.address, "auth_mode": "token", "preemption_watcher": None}
 
 
 def start_script(script: str, env: dict[str, str], *args: str) -> subprocess.Popen:

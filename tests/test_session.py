@@ -14,7 +14,7 @@ import ray
 
 from helpers import load_config, setup
 from helpers.cluster import plan_workers
-from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get, logger_level
+from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get, logger_level, name_this_cluster
 from helpers.tooling import ray_internals
 
 
@@ -164,6 +164,19 @@ def test_workers_know_their_cluster_and_keep_the_routine_cleanup_warning_out(ray
     assert address == ray.get_runtime_context().gcs_address
     assert kept == [False, True], "only the routine cleanup leaves the notebook; a failed one reaches it"
     assert "ignore:The given NumPy array is not writable:UserWarning" in warning_filters
+
+
+def test_a_worker_that_inherits_ray_address_local_names_its_cluster_instead(ray_setup, monkeypatch):
+    # A kernel started with RAY_ADDRESS=local (a local Ray beside a dead recorded cluster) hands the word to its
+    # workers; Ray's State API there would look the cluster up again, by the machine's GCS processes.
+    setup()
+    for word in ("local", "auto"):
+        monkeypatch.setenv("RAY_ADDRESS", word)
+        name_this_cluster()
+        assert os.environ["RAY_ADDRESS"] == ray.get_runtime_context().gcs_address
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    name_this_cluster()
+    assert os.environ["RAY_ADDRESS"] == "10.0.0.5:6379", "an address someone set stays"
 
 
 def test_logger_level_keeps_lower_records_out_inside_and_restores_the_level(caplog):

@@ -44,6 +44,9 @@ PRIVATE_APIS = (
     ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.RESTORED_BYTES_TOTAL_FIELD_NUMBER"),
     ("ray.core.generated.node_manager_pb2", "ObjectStoreStats.CUMULATIVE_CREATED_BYTES_FIELD_NUMBER"),
     ("ray._common.network_utils", "build_address"),
+    ("ray._common.network_utils", "parse_address"),
+    ("ray._common.utils", "get_ray_address_file"),
+    ("ray._private.utils", "read_ray_address"),
     ("ray._private.runtime_env.constants", "RAY_JOB_CONFIG_JSON_ENV_VAR"),
     ("ray.train.v2._internal.execution.context", "logger"),
     ("ray._private.authentication.authentication_token_setup", "_enable_token_auth"),
@@ -52,6 +55,11 @@ PRIVATE_APIS = (
     ("ray.data._internal.progress", "logger"),
     ("ray.train", "ScalingConfig._resources_per_worker_not_none"),
     ("ray.train.v2._internal.execution.controller.placement_group_cleaner", "logger"),
+    ("ray.train.v2._internal.execution.callback", "ControllerCallback.after_controller_start"),
+    ("ray.train.v2._internal.execution.callback", "WorkerGroupCallback.after_worker_group_start"),
+    ("ray.train.v2._internal.execution.callback", "WorkerGroupCallback.after_worker_group_training_start"),
+    ("ray.train.v2._internal.execution.callback", "ReportCallback.after_report"),
+    ("ray.train.v2._internal.callbacks.env_callback", "_initialize_env_callbacks"),
 )
 
 
@@ -161,6 +169,35 @@ def gcs_address(ip: str, port: int) -> str:
     from ray._common.network_utils import build_address
 
     return build_address(ip, port)
+
+
+def gcs_host_port(address: str) -> tuple[str, int] | None:
+    """The host and port of a GCS address as `gcs_address` writes it; None when `address` is not "host:port"."""
+    # no public API: Ray's own parsing of the addresses it records (the inverse of build_address)
+    from ray._common.network_utils import parse_address
+
+    parsed = parse_address(address)
+    if parsed is None or not parsed[0] or not parsed[1].isdigit():
+        return None
+    return parsed[0], int(parsed[1])
+
+
+def recorded_cluster_file() -> str:
+    """The file in which `ray start` records its cluster's GCS address on this machine, for a plain `ray.init()`
+    to join: `$RAY_TMPDIR/ray/ray_current_cluster` (/tmp/ray/ray_current_cluster by default); `ray stop` deletes it."""
+    # no public API: Ray's own path of it (RAY_TMPDIR, else TMPDIR on Linux, else /tmp)
+    from ray._common.utils import get_ray_address_file
+
+    return get_ray_address_file(None)
+
+
+def recorded_cluster_address() -> str | None:
+    """The address in `recorded_cluster_file()`, which a plain `ray.init()` (no address, no RAY_ADDRESS) joins
+    without asking whether that cluster still runs; None when there is no such file."""
+    # no public API: what ray.init() reads (ray/_private/services.py, get_ray_address_from_environment)
+    from ray._private.utils import read_ray_address
+
+    return read_ray_address(None)
 
 
 # --- Jobs and tokens -------------------------------------------------------------------------------------------
@@ -336,3 +373,29 @@ KERNEL_LISTING_NOISE = re.compile(
 #: concurrent actor may print it from the thread that was serving a split. Seen in CI in lesson 05's injected
 #: failure. Only that one line passes: any other line of a SplitCoordinator's is checked as usual.
 DATA_COORDINATOR_EXIT = re.compile(r"^\(SplitCoordinator pid=\w+(, ip=[\w.:-]+)?\) SystemExit(: \d+)?$")
+
+
+#: Ray Train builds the callbacks this variable names (`module.Class`, comma-separated), in the driver, at every
+#: `fit()`, and runs them in the run's controller (Ray 2.60, train/v2/_internal/constants.py and callbacks/env_callback.py).
+TRAIN_CALLBACKS_VAR = "RAY_TRAIN_CALLBACKS"
+
+
+def train_run_callback_bases() -> tuple[type, ...]:
+    """The base classes of a callback that hears a Ray Train run's controller start, its worker group start and its
+    training start, and every report: Ray 2.60's ControllerCallback, WorkerGroupCallback and ReportCallback.
+
+    Public API missing: `ray.train.UserCallback` hears reports and exceptions only, not the start-up's phases.
+    """
+    from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
+
+    return ControllerCallback, WorkerGroupCallback, ReportCallback
+
+
+def env_train_callbacks() -> list[Any]:
+    """The callbacks Ray Train builds from TRAIN_CALLBACKS_VAR at a `fit()` in this process (as instances).
+
+    Public API missing: none; this is how Ray Train itself reads the variable (`_initialize_env_callbacks`).
+    """
+    from ray.train.v2._internal.callbacks.env_callback import _initialize_env_callbacks
+
+    return _initialize_env_callbacks()

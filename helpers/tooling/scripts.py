@@ -12,6 +12,7 @@ from helpers.cluster import ResourceRequestError, StoragePathError
 from helpers.config import ConfigError, load_config, load_dotenv_file
 from helpers.data import DataNotFoundError
 from helpers.results import read_history
+from helpers.session import LOCAL_RAY
 from helpers.storage import uri
 
 
@@ -121,7 +122,7 @@ def parse_streaming_args(description: str, argv: list[str] | None = None) -> arg
         if args.object_store_mib < MIN_OBJECT_STORE_MIB:
             parser.error(f"--object-store-mib must be at least {MIN_OBJECT_STORE_MIB} (Ray's smallest object store), "
                          f"got {args.object_store_mib}")
-        if address := load_config().ray_address:
+        if (address := load_config().ray_address) and address != LOCAL_RAY:
             parser.error(f"--object-store-mib sizes the object store of the Ray this script starts, but RAY_ADDRESS="
                          f"{address} joins a running cluster, whose nodes sized their object stores when they "
                          "started. To fix it: leave out --object-store-mib, or start each node with `ray start "
