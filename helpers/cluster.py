@@ -7,8 +7,9 @@ is -1), in case a node joins. It fails at once (InsufficientClusterResourcesErro
 autoscaler's node limits. Here:
 
 - `cluster_capacity` reads the nodes a run can use: the alive ones, and the node types an autoscaler can add;
-- `plan_workers` sizes the workers from the nodes that will host them (never from cluster totals), and
-  `course_scaling_config` turns that plan into lesson 02's `ScalingConfig`;
+- `plan_workers` sizes the workers from the nodes that will host them (never from cluster totals), leaving CPUs for
+  Ray Data on every node when the run's datasets stream, and `course_scaling_config` turns that plan into lesson
+  02's `ScalingConfig`;
 - `check_resources` compares a request with the nodes and says what to change, or, on a cluster that can
   grow, what the run will wait for; `check_data_resources` does the same for Ray Data beside the workers;
 - `check_storage_path` checks that the run's storage path is writable and reachable from every node.
@@ -35,6 +36,12 @@ from helpers.tooling import ray_internals
 ACCELERATOR_PREFIX = "accelerator_type:"
 #: Workers on CPU when COURSE_NUM_WORKERS is unset (on GPUs: one per GPU).
 DEFAULT_CPU_WORKERS = 2
+#: CPUs a GPU worker reserves when its datasets stream: its training loop, and the thread in which Ray Data's iterator
+#: prefetches. Ray Data's reads and maps are tasks of 1 CPU each that need CPUs no worker reserves, so the rest of its
+#: node's CPUs stay for them. At most half of a worker's share of its node, so that every GPU node keeps some.
+GPU_WORKER_CPUS_WHEN_STREAMING = 2.0
+#: CPUs kept for Ray Data on CPU nodes when the datasets stream: at least one of its tasks runs at a time.
+DATA_CPUS_WHEN_STREAMING = 1.0
 #: How long Ray Train waits for its workers' resources before it asks again (Ray 2.60's default).
 WORKER_GROUP_START_TIMEOUT_VAR = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
@@ -188,15 +195,32 @@ def _cpus_each(hosts: list[dict[str, float]], num_workers: int, one_gpu_each: bo
     return 1.0  # more workers than these nodes hold: check_resources says what to change
 
 
+def _streaming_cpus(hosts: list[dict[str, float]], num_workers: int, gpu: bool) -> float:
+    """CPUs per worker that leave Ray Data its CPUs while datasets stream: on GPU nodes GPU_WORKER_CPUS_WHEN_STREAMING
+    (at most half of a worker's share of its node), on CPU nodes the share after DATA_CPUS_WHEN_STREAMING."""
+    if gpu:
+        return min(GPU_WORKER_CPUS_WHEN_STREAMING, _cpus_each(hosts, num_workers, True, 0.0) / 2)
+    return _cpus_each(hosts, num_workers, False, DATA_CPUS_WHEN_STREAMING)
+
+
+def streaming(datasets: dict[str, Dataset] | None) -> list[str]:
+    """The names of the datasets that still have reads or maps to run while training iterates them (not
+    materialized, or with a lazy step after `materialize()`), sorted."""
+    return sorted(name for name, dataset in (datasets or {}).items() if not isinstance(dataset, MaterializedDataset))
+
+
 def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: bool | str | None = None,
-                 reserve_for_data: float = 0.0, capacity: Capacity | None = None) -> WorkerPlan:
+                 reserve_for_data: float = 0.0, capacity: Capacity | None = None,
+                 datasets: dict[str, Dataset] | None = None) -> WorkerPlan:
     """Size the Ray Train workers for the nodes that will host them (the arguments override the configuration).
 
-    On GPUs: one worker per GPU, each with its node's CPUs per GPU. On CPUs: COURSE_NUM_WORKERS (default 2),
-    each with the most whole CPUs that still place every worker on the nodes with CPUs, after keeping
-    `reserve_for_data` CPUs for Ray Data. COURSE_CPUS_PER_WORKER fixes the CPUs instead. Nodes an autoscaler
-    can add count when Ray reports their types. Raises ConfigError when GPUs are required and the cluster has
-    none and cannot add any.
+    On GPUs: one worker per GPU, each with its node's CPUs per GPU, for its DataLoader's worker processes. On CPUs:
+    COURSE_NUM_WORKERS (default 2), each with the most whole CPUs that still place every worker on the nodes with
+    CPUs, after keeping `reserve_for_data` CPUs for Ray Data. When `datasets` stream (see `streaming`), Ray Data's
+    tasks need CPUs while training runs: a GPU worker then reserves GPU_WORKER_CPUS_WHEN_STREAMING and leaves the
+    rest of its node to Ray Data; CPU workers leave at least DATA_CPUS_WHEN_STREAMING. Materialized datasets need
+    no CPU, and none is kept. COURSE_CPUS_PER_WORKER fixes the CPUs instead. Nodes an autoscaler can add count when
+    Ray reports their types. Raises ConfigError when GPUs are required and the cluster has none and cannot add any.
     """
     capacity = cluster_capacity() if capacity is None else capacity
     types_unknown = capacity.can_grow and not capacity.groups  # an autoscaler whose node types Ray does not report
@@ -233,28 +257,40 @@ def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: boo
     else:
         workers, count_why = DEFAULT_CPU_WORKERS, "the default"
 
+    streams = streaming(datasets)
+    if streams and not gpu:
+        reserve_for_data = max(reserve_for_data, DATA_CPUS_WHEN_STREAMING)
     if cfg.cpus_per_worker is not None:
         cpus, cpus_why = cfg.cpus_per_worker, "COURSE_CPUS_PER_WORKER CPUs"
     elif not hosts:
         cpus, cpus_why = 1.0, "1 CPU until a node joins (COURSE_CPUS_PER_WORKER sets it)"
+    elif streams and gpu:
+        cpus = _streaming_cpus(hosts, workers, gpu=True)
+        cpus_why = (f"{cpus:g} of its {_cpus_each(hosts, workers, True, 0.0):g} CPUs per GPU; the rest of each GPU "
+                    f"node's CPUs stay for Ray Data, since the datasets {streams} stream")
     else:
         cpus = _cpus_each(hosts, workers, gpu, reserve_for_data)
         cpus_why = "its share of a node's CPUs"
         if reserve_for_data:
             cpus_why += f" after {reserve_for_data:g} for Ray Data"
+        if streams:
+            cpus_why += f", since the datasets {streams} stream"
+        elif datasets:
+            cpus_why += " (the datasets are materialized: Ray Data needs no CPU while training runs)"
     return WorkerPlan(workers, gpu, {"CPU": cpus, **({"GPU": 1.0} if gpu else {})},
                       f"{count_why}{'' if 'per GPU' in count_why else ' on GPU' if gpu else ' on CPU'} ({device_why}), "
                       f"each with {cpus_why}")
 
 
 def course_scaling_config(cfg: CourseConfig, num_workers: int | None = None, use_gpu: bool | None = None,
-                          reserve_for_data: float = 0.0) -> ScalingConfig:
-    """The course's ScalingConfig: `plan_workers`' sizing for this cluster (the arguments override the configuration)."""
-    plan = plan_workers(cfg, num_workers, use_gpu, reserve_for_data)
+                          reserve_for_data: float = 0.0, datasets: dict[str, Dataset] | None = None) -> ScalingConfig:
+    """The course's ScalingConfig: `plan_workers`' sizing for this cluster (the arguments override the configuration);
+    pass the run's `datasets` to keep CPUs for Ray Data on every node when they stream."""
+    plan = plan_workers(cfg, num_workers, use_gpu, reserve_for_data, datasets=datasets)
     return ScalingConfig(
         num_workers=plan.num_workers,  # [1] COURSE_NUM_WORKERS, or one worker per GPU
         use_gpu=plan.use_gpu,  # [2] one GPU each, and NCCL between them; gloo on CPU
-        resources_per_worker=plan.resources_per_worker,  # [3] CPUs: each worker's share of its node
+        resources_per_worker=plan.resources_per_worker,  # [3] CPUs: its node's share, less Ray Data's if it streams
         accelerator_type=cfg.accelerator_type,  # [4] only on nodes of that GPU type (COURSE_ACCELERATOR_TYPE)
     )
 
@@ -325,7 +361,7 @@ def check_data_resources(
     logs "The job may hang forever"). A materialized dataset has no work left, so it needs no CPU.
     On a cluster that can grow, Ray Data asks the autoscaler for CPUs too: no error.
     """
-    pending = sorted(name for name, dataset in datasets.items() if not isinstance(dataset, MaterializedDataset))
+    pending = streaming(datasets)
     if not pending:
         return
     capacity = cluster_capacity() if capacity is None else capacity
@@ -335,10 +371,12 @@ def check_data_resources(
         return
     workers = scaling_config.num_workers
     hints = ["materialize() the datasets before fit() if they fit in memory (lesson 03 does)"]
-    hosts = [node for node in capacity.nodes if node.get("CPU", 0.0) > 0]
-    if total_cpus > 1:
-        share = _cpus_each(hosts, workers, False, reserve_for_data=1)
-        hints.append(f"give each worker less CPU, resources_per_worker={{'CPU': {share:g}}}, to keep 1 CPU for Ray Data")
+    gpu = "GPU" in resources_per_worker(scaling_config)
+    hosts = [node for node in capacity.nodes if node.get("CPU", 0.0) > 0 and (node.get("GPU", 0.0) >= 1 or not gpu)]
+    if total_cpus > 1 and hosts:
+        share = _streaming_cpus(hosts, workers, gpu)
+        hints.append(f"size the workers with course_scaling_config(cfg, datasets=...), which keeps CPUs for Ray Data on "
+                     f"every node: here resources_per_worker={{'CPU': {share:g}}}")
     hints.append("or use fewer workers, or a bigger cluster")
     raise ResourceRequestError(
         f"Ray Data would never get a CPU: the {workers} training workers reserve {training_cpus:g} of the "

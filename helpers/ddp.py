@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from helpers.data import load_mnist
 from helpers.models import resnet18_mnist
-from helpers.training import evaluate, seed_everything
+from helpers.training import evaluate, loader_workers, seed_everything
 
 
 def train_loop_per_worker(config: dict) -> dict:
@@ -31,8 +31,10 @@ def train_loop_per_worker(config: dict) -> dict:
     batch_size_per_worker = config["global_batch_size"] // world_size  # [1] split the global batch
 
     # Load data and build the model *inside* the function: every worker makes its own.
-    train_loader = DataLoader(load_mnist(config["data_dir"], train=True), batch_size=batch_size_per_worker, shuffle=True)
-    test_loader = DataLoader(load_mnist(config["data_dir"], train=False), batch_size=512)
+    processes = loader_workers()  # [2] DataLoader processes: the CPUs Ray reserved for this worker, less one
+    train_loader = DataLoader(load_mnist(config["data_dir"], train=True), batch_size=batch_size_per_worker,
+                              shuffle=True, num_workers=processes)
+    test_loader = DataLoader(load_mnist(config["data_dir"], train=False), batch_size=512, num_workers=processes)
     train_loader = ray.train.torch.prepare_data_loader(train_loader)  # [2] shard + move batches to the device
     test_loader = ray.train.torch.prepare_data_loader(test_loader, add_dist_sampler=False)  # [2] no shard: all of it
     model = ray.train.torch.prepare_model(resnet18_mnist())  # [3] move to the device, wrap in DDP

@@ -12,6 +12,20 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 
+def loader_workers() -> int:
+    """DataLoader worker processes for this Ray worker: the CPUs Ray reserved for it, less one for the training loop.
+
+    0 (the DataLoader loads in the training process) on one CPU or less, and outside a Ray worker. Ray counts a
+    DataLoader's processes under the worker that starts them, so more would take CPUs that Ray gave to others.
+    """
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
+        return 0
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
+    return max(0, int(cpus) - 1)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch so a run can be repeated."""
     random.seed(seed)

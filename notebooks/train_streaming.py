@@ -4,8 +4,9 @@
     python notebooks/train_streaming.py --data-size-gb 1 --object-store-mib 256   # 1 GB through a 256 MiB store
     python notebooks/train_streaming.py --smoke-test          # 0.01 GB
 
-Writes N GB of images as Parquet under `<storage path>/datasets/` once (reused by later runs), then trains a small
-CNN on it for a few epochs, reading it from disk again every epoch: nothing is materialized. While it trains,
+Writes N GB of images as Parquet under `<storage path>/datasets/` once (reused by later runs; runs started at the
+same time share it safely, see `helpers.streaming.synthetic_folder`), then trains a small CNN on it for a few
+epochs, reading it from disk again every epoch: nothing is materialized. While it trains,
 one sampler per node records each kind of process' peak memory and the object stores' peak, and what they spilled
 to disk. Peak memory should stay about the same at every size while the time grows with the size; with
 `--object-store-mib`, the local Ray's object store is smaller than the dataset, and nothing should be spilled.
@@ -44,11 +45,11 @@ from helpers.streaming import (
     check_every_row_once,
     check_free_disk,
     dataset_marker,
+    find_synthetic_folder,
     read_worker_reports,
     streaming_data_config,
     streaming_dataset,
     synthetic_folder,
-    synthetic_path,
     train_loop_per_worker,
 )
 from helpers.tooling.memory import MemoryPeaks
@@ -63,15 +64,15 @@ def main(argv: list[str] | None = None) -> dict:
     storage_path = check_storage_path(args.storage_path)  # before the dataset is written there
     check_free_disk(storage_path, size_gb)
     cfg = dataclasses.replace(cfg, num_workers=args.num_workers, storage_path=storage_path)
-    scaling = course_scaling_config(cfg, reserve_for_data=1)  # keep a CPU for Ray Data's reads and maps
-    check_resources(scaling)
-    if scaling.num_workers > 1 and ROW_MULTIPLE % scaling.num_workers:
-        raise ConfigError(f"{scaling.num_workers} workers cannot split the dataset's rows (a multiple of "
+    num_workers = course_scaling_config(cfg).num_workers
+    check_resources(course_scaling_config(cfg))  # the workers fit the cluster: checked before any data is written
+    if num_workers > 1 and ROW_MULTIPLE % num_workers:
+        raise ConfigError(f"{num_workers} workers cannot split the dataset's rows (a multiple of "
                          f"{ROW_MULTIPLE}) exactly, and Ray Train would drop the remainder.\n"
                          "To fix it: use 1, 2, 3, 4, 6 or 8 workers (--num-workers).")
 
     started = time.perf_counter()
-    reused = dataset_marker(synthetic_path(storage_path, size_gb)) is not None
+    reused = find_synthetic_folder(storage_path, size_gb) is not None
     folder = synthetic_folder(storage_path, size_gb)
     write_s = 0.0 if reused else time.perf_counter() - started
     marker = dataset_marker(folder)
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{'x'.join(map(str, marker['image_shape']))}, {marker['bytes'] / GB:.3f} GB on disk")
 
     dataset = streaming_dataset(folder)  # lazy: read and normalised while training iterates it
+    scaling = course_scaling_config(cfg, datasets={"train": dataset})  # it streams: CPUs kept for Ray Data
+    check_resources(scaling)
     check_data_resources(scaling, {"train": dataset})
     start_autoscaling_coordinator()
     trainer = TorchTrainer(

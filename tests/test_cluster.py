@@ -16,6 +16,7 @@ from helpers.cluster import (
     ResourceRequestError,
     ResourceWaitWarning,
     StoragePathError,
+    check_data_resources,
     check_resources,
     check_storage_path,
     cluster_capacity,
@@ -213,6 +214,69 @@ def test_the_course_scaling_config_splits_the_cpus_or_takes_a_gpu_each(course_ra
     assert two.resources_per_worker == {"CPU": max(1.0, cpus // 2)}
     assert course_ray.num_workers == course_scaling_config(course_ray).num_workers, "setup() printed the same sizing"
     check_resources(course_scaling_config(course_ray))  # the course's default request fits this machine
+
+
+#: The nodes of the sizing rule for Ray Data: one GPU with 16 CPUs (a cloud GPU box), four GPUs with 32 CPUs.
+ONE_GPU_16_CPUS = Capacity([{"CPU": 16.0, "GPU": 1.0}])
+FOUR_GPUS_32_CPUS = Capacity([{"CPU": 32.0, "GPU": 4.0}])
+
+
+def sizing_datasets() -> dict[str, dict]:
+    """The three cases of the rule: no datasets (a DataLoader), materialized ones, and one that streams."""
+    materialized = ray.data.range(64).materialize()
+    return {"none": {}, "materialized": {"train": materialized, "valid": materialized},
+            "streaming": {"train": materialized.map_batches(lambda batch: batch), "valid": materialized}}
+
+
+def test_cpus_are_kept_for_ray_data_on_every_gpu_node_only_when_a_dataset_streams(course_ray):
+    cases = sizing_datasets()
+    sized = {(name, case): plan_workers(load_config({}), capacity=capacity, datasets=datasets)
+             for name, capacity in (("1 GPU, 16 CPUs", ONE_GPU_16_CPUS), ("4 GPUs, 32 CPUs", FOUR_GPUS_32_CPUS))
+             for case, datasets in cases.items()}
+    assert {key: (plan.num_workers, plan.resources_per_worker) for key, plan in sized.items()} == {
+        ("1 GPU, 16 CPUs", "none"): (1, {"CPU": 16.0, "GPU": 1.0}),
+        ("1 GPU, 16 CPUs", "materialized"): (1, {"CPU": 16.0, "GPU": 1.0}),
+        ("1 GPU, 16 CPUs", "streaming"): (1, {"CPU": 2.0, "GPU": 1.0}),  # 14 CPUs for Ray Data's tasks
+        ("4 GPUs, 32 CPUs", "none"): (4, {"CPU": 8.0, "GPU": 1.0}),
+        ("4 GPUs, 32 CPUs", "materialized"): (4, {"CPU": 8.0, "GPU": 1.0}),
+        ("4 GPUs, 32 CPUs", "streaming"): (4, {"CPU": 2.0, "GPU": 1.0}),  # 24 CPUs for Ray Data's tasks
+    }
+    # The plan says which case applies: setup()'s line (no datasets) is unchanged, the others name the datasets.
+    assert sized[("1 GPU, 16 CPUs", "none")].why == ("one per GPU (the cluster has GPUs), each with its share of a "
+                                                    "node's CPUs")
+    assert "the datasets are materialized: Ray Data needs no CPU" in sized[("4 GPUs, 32 CPUs", "materialized")].why
+    assert ("2 of its 8 CPUs per GPU; the rest of each GPU node's CPUs stay for Ray Data, since the datasets ['train'] "
+            "stream") in sized[("4 GPUs, 32 CPUs", "streaming")].why
+    # A GPU node with few CPUs per GPU still keeps half of them for Ray Data.
+    tight = plan_workers(load_config({}), capacity=Capacity([{"CPU": 2.0, "GPU": 2.0}]), datasets=cases["streaming"])
+    assert tight.resources_per_worker == {"CPU": 0.5, "GPU": 1.0}
+    # On CPU nodes a streaming dataset keeps one CPU (as reserve_for_data=1), a materialized one none.
+    assert plan_workers(load_config({}), capacity=LAPTOP, datasets=cases["streaming"]).resources_per_worker == {
+        "CPU": 0.5}
+    assert plan_workers(load_config({}), capacity=LAPTOP, datasets=cases["materialized"]).resources_per_worker == {
+        "CPU": 1.0}
+    for (name, case), plan in sized.items():  # and the preflight agrees with the sizing, case by case
+        capacity = ONE_GPU_16_CPUS if name.startswith("1") else FOUR_GPUS_32_CPUS
+        scaling = ScalingConfig(num_workers=plan.num_workers, use_gpu=True,
+                                resources_per_worker=plan.resources_per_worker)
+        check_resources(scaling, capacity)
+        check_data_resources(scaling, cases[case], capacity)
+    with pytest.raises(ResourceRequestError, match=r"Ray Data would never get a CPU(.|\n)*course_scaling_config\(cfg, "
+                                                    r"datasets=\.\.\.\)(.|\n)*resources_per_worker=\{'CPU': 2\}"):
+        check_data_resources(ScalingConfig(num_workers=1, use_gpu=True,
+                                           resources_per_worker=sized[("1 GPU, 16 CPUs", "none")].resources_per_worker),
+                             cases["streaming"], ONE_GPU_16_CPUS)
+
+
+def test_a_dataloader_gets_a_process_per_cpu_ray_gave_the_worker_less_one(course_ray):
+    from helpers.training import loader_workers
+
+    @ray.remote
+    def workers_in_a_task() -> int:
+        return loader_workers()
+
+    assert loader_workers() == 0, "the driver is no Ray worker: its DataLoader loads in its own process"
+    assert [ray.get(workers_in_a_task.options(num_cpus=cpus).remote()) for cpus in (0.5, 1, 2)] == [0, 0, 1]
 
 
 def test_a_writable_storage_path_passes_and_keeps_no_probe(course_ray, tmp_path):
