@@ -4,6 +4,7 @@
 # While you edit:
 #   make test-fast - the linter and the tests that start no Ray and no kernel (a few minutes)
 #   make record NOTEBOOK=...  - re-run a notebook top to bottom and keep its outputs
+#   make refresh-sources      - after editing a helper a lesson shows: its show_source outputs, without re-running
 # On a machine with an NVIDIA GPU:
 #   make gpu-check [GPU_LANE_ARGS="--lessons 01 09"]  - every lesson that trains, in full mode on the GPU, one at a
 #                     time within its budget; executed copies under runs/gpu-lane/, report in notebooks/results/gpu.json
@@ -16,7 +17,7 @@ LAB_PORT ?= 8888
 # JupyterLab refuses to run as root (as in containers) unless told to.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab lint test-fast test record gpu-check clean
+.PHONY: install lab lint test-fast test record refresh-sources gpu-check clean
 
 # JupyterLab's defaults for the course: no "get notified about Jupyter news?" prompt, no update check.
 LAB_OVERRIDES := deploy/jupyterlab/default_setting_overrides.json
@@ -48,6 +49,9 @@ test: lint
 record: install
 	@test -n "$(NOTEBOOK)" || (echo "usage: make record NOTEBOOK=notebooks/NN_topic.ipynb" && exit 2)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=-1 $(NOTEBOOK)
+
+refresh-sources: install
+	$(BIN)/python -m helpers.tooling.refresh_sources
 
 gpu-check: install
 	$(BIN)/python -m helpers.tooling.gpu_lane $(GPU_LANE_ARGS)
