@@ -434,21 +434,21 @@ def rayjob_errors(job: dict) -> list[str]:
 
 
 def entrypoint_errors(entrypoint: str) -> list[str]:
-    """`python <script in the image> <flags>`: a script the Dockerfile copies, and its parser takes the flags."""
-    from helpers.tooling.scripts import parse_args
+    """`python <script in the image> <flags>`: a script the Dockerfile copies, and that script's parser takes the flags."""
+    from helpers.tooling.scripts import SCRIPT_PARSERS, parse_script_args
 
     argv = shlex.split(entrypoint)
     if len(argv) < 2 or argv[0] != "python":
         return [f"spec.entrypoint: {entrypoint!r} is not `python <script> <flags>`"]
     script = PurePosixPath(argv[1])
     local = REPO_ROOT / script.relative_to(image_workdir()) if script.is_relative_to(image_workdir()) else None
-    if local is None or not local.is_file() or local.parent.name != "notebooks" or local.suffix != ".py":
+    if local is None or not local.is_file() or local.parent.name != "notebooks" or local.name not in SCRIPT_PARSERS:
         return [f"spec.entrypoint: {script} is not one of the course's scripts the image has "
-                f"({image_workdir()}/notebooks/*.py)"]
+                f"({', '.join(f'{image_workdir()}/notebooks/{name}' for name in SCRIPT_PARSERS)})"]
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            parse_args(local.name, argv[2:])
+            parse_script_args(local.name, argv[2:])
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()[-1].partition("error: ")[2]  # without argparse's prog name
         return [f"spec.entrypoint: {local.name} rejects its flags: {message}"]
