@@ -128,13 +128,14 @@ def plan_search(cfg: CourseConfig, max_concurrent_trials: int = 2, capacity: Cap
 
 
 def check_search_resources(scaling_config: ScalingConfig, max_concurrent_trials: int,
-                           capacity: Capacity | None = None) -> None:
+                           capacity: Capacity | None = None, flags: bool = False) -> None:
     """Raise ResourceRequestError unless `max_concurrent_trials` trials' workers fit the cluster at once.
 
     Tune starts that many trials, and each trial's Ray Train run asks for all its workers. Runs that do not fit wait:
     Ray Train waits 60 s for the workers' resources, logs WorkerGroupStartupTimeoutError, and asks again, until other
     trials end and free their workers. The search finishes, no faster, with a log full of those errors.
-    `capacity` defaults to the running Ray's.
+    `capacity` defaults to the running Ray's. The fix names the API (`TuneConfig(...)`), or with `flags` the
+    flags of tune_ray_ddp.py (`--max-concurrent-trials`, `--num-workers`).
     """
     capacity = cluster_capacity() if capacity is None else capacity
     per_trial = scaling_config.num_workers
@@ -146,13 +147,14 @@ def check_search_resources(scaling_config: ScalingConfig, max_concurrent_trials:
     if fit == 0:
         raise ResourceRequestError(
             f"No trial can ever start: each asks for {per_trial} workers x ({ask}), and the cluster holds {slots} "
-            f"such worker(s).\nTo fix it: fewer workers per trial, or less for each worker.")
+            f"such worker(s).\nTo fix it: fewer workers per trial{' (--num-workers)' if flags else ''}, or less for "
+            "each worker.")
     raise ResourceRequestError(
         f"{max_concurrent_trials} trials at once ask for {max_concurrent_trials} x {per_trial} workers x ({ask}), "
         f"and the cluster holds {slots} such worker(s): the workers of only {fit} trial(s) fit at once. The other "
         f"trials would start and wait for theirs, Ray Train logging WorkerGroupStartupTimeoutError every "
         f"{os.environ.get('RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S', '60')} s until a trial ends.\n"
-        f"To fix it: TuneConfig(max_concurrent_trials={fit}).")
+        f"To fix it: {f'--max-concurrent-trials {fit}' if flags else f'TuneConfig(max_concurrent_trials={fit})'}.")
 
 
 # --- The order in which Tune's scheduler saw the results -----------------------------------------------------------
