@@ -21,6 +21,8 @@ from urllib.parse import urlparse
 
 from filelock import FileLock
 
+from helpers import storage
+
 if TYPE_CHECKING:  # torchvision is imported where MNIST is loaded: helpers.cifar imports this module without torch
     from torchvision import datasets, transforms
 
@@ -175,6 +177,17 @@ def _extract_gz_files(data_dir: Path) -> None:
             f"torchvision reads, and they cannot be decompressed there ({error.strerror or error}). To fix it: "
             f"decompress them yourself (`gunzip -k {raw}/*.gz`), or point COURSE_DATA_DIR at a folder you can "
             "write.") from None
+
+
+def check_parquet_copy(copy: str, dataset: str) -> None:
+    """Raise DataDamagedError, naming the copy folder and saying to delete it, when a Parquet file in `copy` (a copy
+    that `storage.write_once` published) is damaged; `dataset` names its data ("MNIST as Parquet")."""
+    if problems := storage.parquet_problems(copy):
+        raise DataDamagedError(
+            f"The copy of {dataset} in {copy} is damaged since it was written:\n" +
+            "\n".join(f"  - {problem}" for problem in problems) +
+            f"\nTo fix it: delete the folder {copy} once no run reads it (`python -c \"from helpers import storage; "
+            f"storage.delete_dir('{copy}')\"`, for s3:// too); the next run writes a new copy.")
 
 
 def load_mnist(data_dir: str | Path, train: bool = True, transform=None) -> datasets.MNIST:
