@@ -24,8 +24,8 @@ LAB_OVERRIDES := deploy/jupyterlab/default_setting_overrides.json
 
 $(STAMP): pyproject.toml $(LAB_OVERRIDES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -c 'import sys; assert (3, 10) <= sys.version_info[:2] < (3, 14), \
-		f"Python {sys.version.split()[0]} is not supported: use 3.10-3.13 (make PYTHON=python3.11 ...)"'
+	@$(BIN)/python -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), \
+		f"Python {sys.version.split()[0]} is not supported: use 3.11-3.13 (make PYTHON=python3.11 ...)"'
 	$(BIN)/python -m pip install --disable-pip-version-check -e ".[test]"
 	$(BIN)/python -m helpers.tooling.kuberay --install-helm
 	@mkdir -p $(VENV)/etc/jupyter/labconfig && cp $(LAB_OVERRIDES) $(VENV)/etc/jupyter/labconfig/
@@ -36,8 +36,12 @@ install: $(STAMP)
 lab: install
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
 
+# The lint step (each tool configured in pyproject.toml): ruff; deptry, every import declared and every declared package
+# used, then no import in helpers/ or the lessons of a package that only the `test` extra installs.
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/deptry .
+	$(BIN)/deptry helpers notebooks --optional-dependencies-dev-groups test --ignore DEP001,DEP002,DEP003
 
 test-fast: lint
 	$(BIN)/python -m pytest tests -m "not ray and not notebook" $(PYTEST_ARGS)

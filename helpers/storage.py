@@ -258,7 +258,7 @@ def write_once(root: str, write: Callable[[str], dict[str, Any]],
     """
     if complete := complete_copies(root, accept):
         return complete[0]
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     copy = join(root, f"{started}-{secrets.token_hex(4)}")
     marker = write(copy)
     write_text(join(copy, COPY_MARKER), json.dumps(marker, indent=1) + "\n")  # last: from now on, the copy counts
