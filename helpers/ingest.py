@@ -103,7 +103,7 @@ def write_mnist_parquet(data_dir: str | Path, storage_path: str, num_files: int 
 
     copy = storage.write_once(storage.join(storage_path, *PARQUET_FOLDER), write,
                               accept=lambda marker: marker.get("num_files") == num_files)
-    check_parquet_copy(copy, "MNIST as Parquet")  # the files' ends only: a damaged copy is named before Ray Data reads it
+    check_parquet_copy(copy, "MNIST as Parquet")  # the files' ends only: a damaged copy is named before it is read
     return copy
 
 
@@ -159,7 +159,8 @@ _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 def operator_times(stats: str) -> pd.DataFrame:
     """From `ds.stats()`'s text: one row per operator that ran tasks, with its tasks and total wall and CPU seconds."""
-    rows, current = {}, None
+    rows: dict[str, dict[str, float | None]] = {}
+    current = None
     for line in stats.splitlines():
         if match := _STATS_OPERATOR.match(line):
             current = rows.setdefault(match["name"], {"tasks": int(match["tasks"]), "wall_s": None, "cpu_s": None})

@@ -118,11 +118,11 @@ def plan_search(cfg: CourseConfig, max_concurrent_trials: int = 2, capacity: Cap
         peak = plan_workers(cfg, num_workers=trials * single.num_workers, use_gpu=True, capacity=capacity)
         why = f"one GPU per worker, {gpus} GPU(s) in the cluster"
         return SearchPlan(trials, single.num_workers, True, dict(peak.resources_per_worker), why)
-    peak = max_concurrent_trials * single.num_workers
-    share = plan_workers(cfg, num_workers=peak, use_gpu=False, capacity=capacity).resources_per_worker["CPU"]
+    peak_workers = max_concurrent_trials * single.num_workers
+    share = plan_workers(cfg, num_workers=peak_workers, use_gpu=False, capacity=capacity).resources_per_worker["CPU"]
     hosts = [node.get("CPU", 0.0) for node in capacity.nodes if node.get("CPU", 0.0) > 0]
-    if sum(math.floor(cpus / share + 1e-9) for cpus in hosts) < peak:  # no whole CPU each: share them
-        share = max(0.25, math.floor(sum(hosts) / peak * 4) / 4)  # quarters of a CPU: Ray's fractions stay exact
+    if sum(math.floor(cpus / share + 1e-9) for cpus in hosts) < peak_workers:  # no whole CPU each: share them
+        share = max(0.25, math.floor(sum(hosts) / peak_workers * 4) / 4)  # quarters of a CPU: exact fractions for Ray
     why = f"the trials share the cluster's {sum(hosts):g} CPUs"
     return SearchPlan(max_concurrent_trials, single.num_workers, False, {"CPU": share}, why)
 
@@ -226,7 +226,9 @@ def asha_decisions(history: pd.DataFrame, metric: str, mode: str, time_attr: str
                 return None if trial in rungs[milestone] else milestone
         return None
 
-    rows, rungs, session = [], {}, None
+    rows: list[dict[str, Any]] = []
+    rungs: dict[float, dict[str, float]] = {}  # per rung (milestone): each trial's value there, signed
+    session = None
     for _, result in history.iterrows():
         if result.get(SEARCH_SESSION, None) != session:
             session, rungs = result.get(SEARCH_SESSION, None), {milestone: {} for milestone in milestones}
@@ -302,7 +304,7 @@ def trial_errors_in_files_only() -> Iterator[None]:
 def trial_progress(experiment_path: str) -> dict[str, dict]:
     """Each trial of a search so far, read from its `result.json` under the experiment folder: how many results it
     has, and whether its last one says `done` (stopped by the scheduler, or at its end)."""
-    progress = {}
+    progress: dict[str, dict] = {}
     if not storage.is_dir(experiment_path):
         return progress
     for entry in storage.list_dir(experiment_path):

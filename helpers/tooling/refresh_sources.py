@@ -49,7 +49,7 @@ def _imports(cells: list[dict[str, Any]]) -> dict[str, Any]:
             body = ast.parse("".join(cell["source"]))
         except SyntaxError:
             continue
-        statements = [node for node in body.body if isinstance(node, ast.Import | ast.ImportFrom)]
+        statements: list[ast.stmt] = [node for node in body.body if isinstance(node, ast.Import | ast.ImportFrom)]
         if statements:
             exec(compile(ast.Module(body=statements, type_ignores=[]), "<imports>", "exec"), namespace)
     return namespace
