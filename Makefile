@@ -4,6 +4,7 @@
 # While you edit:
 #   make test-fast - the linter and the tests that start no Ray and no kernel (a few minutes)
 #   make record NOTEBOOK=...  - re-run a notebook top to bottom and keep its outputs
+#   make refresh-sources      - after editing a helper a lesson shows: its show_source outputs, without re-running
 # On a machine with an NVIDIA GPU:
 #   make gpu-check [GPU_LANE_ARGS="--lessons 01 09"]  - every lesson that trains, in full mode on the GPU, one at a
 #                     time within its budget; executed copies under runs/gpu-lane/, report in notebooks/results/gpu.json
@@ -16,15 +17,15 @@ LAB_PORT ?= 8888
 # JupyterLab refuses to run as root (as in containers) unless told to.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab lint test-fast test record gpu-check clean
+.PHONY: install lab lint test-fast test record refresh-sources gpu-check clean
 
 # JupyterLab's defaults for the course: no "get notified about Jupyter news?" prompt, no update check.
 LAB_OVERRIDES := deploy/jupyterlab/default_setting_overrides.json
 
 $(STAMP): pyproject.toml $(LAB_OVERRIDES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -c 'import sys; assert (3, 10) <= sys.version_info[:2] < (3, 14), \
-		f"Python {sys.version.split()[0]} is not supported: use 3.10-3.13 (make PYTHON=python3.11 ...)"'
+	@$(BIN)/python -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), \
+		f"Python {sys.version.split()[0]} is not supported: use 3.11-3.13 (make PYTHON=python3.11 ...)"'
 	$(BIN)/python -m pip install --disable-pip-version-check -e ".[test]"
 	$(BIN)/python -m helpers.tooling.kuberay --install-helm
 	@mkdir -p $(VENV)/etc/jupyter/labconfig && cp $(LAB_OVERRIDES) $(VENV)/etc/jupyter/labconfig/
@@ -35,8 +36,13 @@ install: $(STAMP)
 lab: install
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
 
+# The lint step (each tool configured in pyproject.toml): ruff; deptry, every import declared and every declared package
+# used, then no import in helpers/ or the lessons of a package that only the `test` extra installs; mypy over helpers/.
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/deptry .
+	$(BIN)/deptry helpers notebooks --optional-dependencies-dev-groups test --ignore DEP001,DEP002,DEP003
+	$(BIN)/mypy
 
 test-fast: lint
 	$(BIN)/python -m pytest tests -m "not ray and not notebook" $(PYTEST_ARGS)
@@ -48,6 +54,9 @@ test: lint
 record: install
 	@test -n "$(NOTEBOOK)" || (echo "usage: make record NOTEBOOK=notebooks/NN_topic.ipynb" && exit 2)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=-1 $(NOTEBOOK)
+
+refresh-sources: install
+	$(BIN)/python -m helpers.tooling.refresh_sources
 
 gpu-check: install
 	$(BIN)/python -m helpers.tooling.gpu_lane $(GPU_LANE_ARGS)

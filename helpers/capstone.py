@@ -17,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -99,7 +100,8 @@ def _checkpoint_accuracy(result, root: str) -> float:
             raise AssertionError("the checkpoint holds DDP's wrapper (keys 'module.…'): save model.module.state_dict()")
         model = vit_cifar10(smoke_test=True)
         model.load_state_dict(state)
-    loader = DataLoader(CifarParquet(root, "test", CHECK_ROWS["test"]), batch_size=512)
+    dataset: Any = CifarParquet(root, "test", CHECK_ROWS["test"])  # a Dataset by its methods (no torch in cifar)
+    loader: DataLoader = DataLoader(dataset, batch_size=512)
     return evaluate(model, loader, "cpu")["accuracy"]
 
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 
 from helpers import storage
-from helpers.data import DataNotFoundError, can_reach
+from helpers.data import DataDamagedError, DataNotFoundError, can_reach
 
 if TYPE_CHECKING:
     import torch
@@ -51,12 +51,15 @@ def cifar10_parquet_root(data_dir: str | Path) -> str:
     """The folder or bucket holding `train/` and `test/`: `<data_dir>/cifar10-parquet` when there, else the earliest
     complete copy that `download_cifar10` wrote in it, else Ray's bucket.
 
-    Raises DataNotFoundError within seconds when none is there, instead of a read that hangs offline.
+    Raises DataNotFoundError within seconds when none is there, instead of a read that hangs offline, and
+    DataDamagedError when a local file is not Parquet with the columns `image` and `label` (`check_cifar10_parquet`).
     """
     local = Path(data_dir) / LOCAL_FOLDER
     if all((local / split).is_dir() for split in ("train", "test")):
+        check_cifar10_parquet(str(local))
         return str(local)
     if copies := storage.complete_copies(str(local)):
+        check_cifar10_parquet(copies[0])
         return copies[0]
     if can_reach("https://s3.us-west-2.amazonaws.com"):
         return CIFAR10_BUCKET
@@ -71,10 +74,40 @@ def cifar10_parquet_root(data_dir: str | Path) -> str:
     )
 
 
+def check_cifar10_parquet(root: str) -> None:
+    """Raise DataDamagedError, naming each file and the fix, unless `root`'s train/ and test/ hold Parquet files with
+    the columns `image` and `label`. Reads each file's footer only."""
+    problems = []
+    for split in ("train", "test"):
+        folder = storage.join(root, split)
+        try:
+            problems += storage.parquet_problems(folder, columns=("image", "label"))
+            if not any(entry.base_name.endswith(".parquet") for entry in storage.list_dir(folder)):
+                problems.append(f"{folder}: no .parquet file")
+        except FileNotFoundError:
+            problems.append(f"{folder}: no such folder")
+    if not problems:
+        return
+    if storage.read_marker(root) is not None:  # a copy `download_cifar10` wrote
+        fix = (f"delete the folder {root}: online, `python -m helpers.cifar download` writes a new copy, and the "
+               "course reads Ray's public bucket until then.")
+    else:
+        fix = (f"replace the damaged file(s) with good ones (the layout of {CIFAR10_BUCKET}), or remove {root}: "
+               "online, the course then reads Ray's public bucket, and `python -m helpers.cifar download` writes the "
+               "full dataset under COURSE_DATA_DIR.")
+    raise DataDamagedError("CIFAR-10's Parquet files cannot be read:\n" +
+                           "\n".join(f"  - {problem}" for problem in problems) + f"\nTo fix it: {fix}")
+
+
 def read_split(root: str, split: str, max_rows: int | None = None) -> dict[str, np.ndarray]:
     """A split's first `max_rows` rows (all by default) as NumPy: uint8 images (N, 32, 32, 3), int64 labels."""
     filesystem, path = storage.resolve(storage.join(root, split))
-    table = pq.read_table(path, filesystem=filesystem, columns=["image", "label"])
+    try:
+        table = pq.read_table(path, filesystem=filesystem, columns=["image", "label"])
+    except (OSError, ValueError):  # pyarrow's errors: for a folder of ours, name the damaged file and the fix
+        if not storage.is_uri(root):
+            check_cifar10_parquet(root)
+        raise
     table = table if max_rows is None else table.slice(0, max_rows)
     images = table.column("image").combine_chunks()
     if isinstance(images.type, pa.ExtensionType):  # Ray Data's tensor type: a list of pixels per row

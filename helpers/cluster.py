@@ -434,8 +434,8 @@ def check_storage_path(storage_path: str) -> str:
     try:
         storage.write_text(probe, "written by helpers.cluster.check_storage_path\n")
     except OSError as error:  # pyarrow's: "Cannot create directory '...'. Detail: [errno 20] Not a directory"
-        reason = re.search(r"\[errno \d+\] ([^\n]+)", str(error))
-        reason = reason.group(1) if reason else str(error).splitlines()[0]
+        found = re.search(r"\[errno \d+\] ([^\n]+)", str(error))
+        reason = found.group(1) if found else str(error).splitlines()[0]
         raise StoragePathError(
             f"Runs cannot be written to the storage path {storage_path}: {reason}.\n"
             f"To fix it: set COURSE_STORAGE_PATH (or a script's --storage-path) to a folder or bucket you can write "

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from dotenv import find_dotenv, load_dotenv
 
@@ -90,7 +90,10 @@ def _gpu(environ: Mapping[str, str], name: str) -> bool | Literal["auto"]:
         ) from None
 
 
-def _positive(environ: Mapping[str, str], name: str, parse: type[int] | type[float], accepted: str) -> float | None:
+_Number = TypeVar("_Number", int, float)
+
+
+def _positive(environ: Mapping[str, str], name: str, parse: type[_Number], accepted: str) -> _Number | None:
     raw = environ.get(name, "").strip()
     if raw == "":
         return None

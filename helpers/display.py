@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 from IPython.display import Markdown
 
 
-def show_source(obj: object) -> Markdown:
+def show_source(obj: Callable[..., Any] | ModuleType) -> Markdown:
     """The source of a helpers function or class, rendered as a Python code block."""
     return Markdown(f"```python\n{inspect.getsource(obj).rstrip()}\n```")

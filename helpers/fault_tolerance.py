@@ -193,6 +193,8 @@ def kill_worker_process() -> dict:
     if not workers:
         raise RuntimeError("no Ray Train worker is running")
     worker = workers[-1]
+    if worker.pid is None or worker.node_id is None:  # an ALIVE actor has both
+        raise RuntimeError(f"the Ray Train worker {worker.actor_id} has no process or node yet")
     if worker.node_id == ray.get_runtime_context().get_node_id():
         os.kill(worker.pid, signal.SIGKILL)  # on this machine: at once
     else:

@@ -29,7 +29,7 @@ from torch import nn
 from helpers import storage
 from helpers.cluster import check_data_resources, check_resources, course_scaling_config
 from helpers.config import CourseConfig
-from helpers.data import load_mnist, mnist_transform
+from helpers.data import check_parquet_copy, load_mnist, mnist_transform
 from helpers.models import resnet18_mnist
 from helpers.session import logger_level
 from helpers.training import seed_everything
@@ -101,8 +101,10 @@ def write_mnist_parquet(data_dir: str | Path, storage_path: str, num_files: int 
             rows[split] = len(table)
         return {"rows": rows, "num_files": num_files}
 
-    return storage.write_once(storage.join(storage_path, *PARQUET_FOLDER), write,
+    copy = storage.write_once(storage.join(storage_path, *PARQUET_FOLDER), write,
                               accept=lambda marker: marker.get("num_files") == num_files)
+    check_parquet_copy(copy, "MNIST as Parquet")  # the files' ends only: a damaged copy is named before it is read
+    return copy
 
 
 def transform_row(row: dict) -> dict:
@@ -157,7 +159,8 @@ _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 def operator_times(stats: str) -> pd.DataFrame:
     """From `ds.stats()`'s text: one row per operator that ran tasks, with its tasks and total wall and CPU seconds."""
-    rows, current = {}, None
+    rows: dict[str, dict[str, float | None]] = {}
+    current = None
     for line in stats.splitlines():
         if match := _STATS_OPERATOR.match(line):
             current = rows.setdefault(match["name"], {"tasks": int(match["tasks"]), "wall_s": None, "cpu_s": None})

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -144,7 +145,7 @@ def gather_ranks(value: object) -> list:
     """Every rank's `value`, in rank order, on every rank (an all-gather); `[value]` without a process group."""
     if not dist.is_initialized():
         return [value]
-    values = [None] * dist.get_world_size()
+    values: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
 
@@ -228,8 +229,8 @@ def batches(config: dict) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from helpers.cifar import CifarParquet, augmented_collate
 
         if source == "cifar":
-            loader = DataLoader(CifarParquet(config["root"], "train"), batch_size=batch_size,
-                                shuffle=True, collate_fn=augmented_collate)
+            dataset: Any = CifarParquet(config["root"], "train")  # a Dataset by its methods (no torch in cifar)
+            loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=augmented_collate)
         else:  # `loader_workers` processes run the recipe beside the training process (0: in it)
             loader = DataLoader(CifarImages(config["root"], per_image_recipe()),
                                 batch_size=batch_size, shuffle=True, num_workers=config.get("loader_workers", 0),

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import helpers
 from helpers.config import ConfigError, CourseConfig, load_config, load_dotenv_file
@@ -107,10 +108,11 @@ def runtime_env(cfg: CourseConfig) -> dict:
     envs that set the same field or the same variable, and the job's values are already this process's.
     """
     warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), *RAY_INTERNAL_WARNINGS]))
-    ours = {"py_modules": [str(Path(helpers.__file__).parent)],
-            "env_vars": {**{name: os.environ.get(name, value) for name, value in WORKER_ENV_DEFAULTS.items()},
-                         **cfg.as_env(), "PYTHONWARNINGS": warning_filters},
-            "worker_process_setup_hook": f"{__name__}.{quiet_worker_logs.__name__}"}
+    ours: dict[str, Any] = {
+        "py_modules": [str(Path(helpers.__file__).parent)],
+        "env_vars": {**{name: os.environ.get(name, value) for name, value in WORKER_ENV_DEFAULTS.items()},
+                     **cfg.as_env(), "PYTHONWARNINGS": warning_filters},
+        "worker_process_setup_hook": f"{__name__}.{quiet_worker_logs.__name__}"}
     job = job_runtime_env()
     if job is None:
         return ours
@@ -268,7 +270,7 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
             f"An object store size is given for the local Ray, but Ray joins the cluster that `ray start` recorded in "
             f"{target.named_by}, {target.address}, whose nodes sized their object stores when they started. To fix it: "
             f"set RAY_ADDRESS={LOCAL_RAY} to start a local Ray, or leave the size out to run on that cluster.")
-    local = {} if target.address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
+    local: dict[str, Any] = {} if target.address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
     if object_store_memory is not None:
         local["object_store_memory"] = object_store_memory
     if target.address:
@@ -352,6 +354,7 @@ def setup(start: bool = True) -> CourseConfig:
         how = "already running in this kernel: reused"
     else:
         seconds = start_ray(cfg)
+        assert _target is not None, "start_ray() records where it started or joined Ray"
         how = f"connected to {_target.address}" if _target.address else "started a local Ray"
         if _target.named_by not in (None, "RAY_ADDRESS"):
             how += f" (recorded by `ray start` in {_target.named_by})"
@@ -399,7 +402,7 @@ def _print_rows(rows: dict[str, str]) -> None:
     print("\n".join(f"{key:<{width}} : {value}" for key, value in rows.items()))
 
 
-def dashboard_get(path: str, token: bool = True) -> tuple[int, object]:
+def dashboard_get(path: str, token: bool = True) -> tuple[int, Any]:
     """GET `path` from the Ray dashboard of this session: the HTTP status and the JSON body (None on an error).
 
     With `token=True` the request carries Ray's token, as the dashboard's login page does once you paste it.

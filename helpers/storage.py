@@ -16,13 +16,14 @@ the machine's instance role, or `~/.aws`. Every node that trains needs them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import os
 import posixpath
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -153,6 +154,51 @@ def delete_dir(path: str) -> None:
         filesystem.delete_dir(fs_path)
 
 
+#: The 4 bytes that open and close every Parquet file; the footer's length (4 bytes, little-endian) precedes the last.
+PARQUET_MAGIC = b"PAR1"
+
+
+def parquet_problems(folder: str, columns: Collection[str] = ()) -> list[str]:
+    """`<file>: <what is wrong>` for each damaged Parquet file under `folder` (recursive), from its end alone.
+
+    Without `columns`: the last 8 bytes, the footer's length and the magic, one small read per file (cut short,
+    overwritten or not Parquet at all shows there). With `columns`: the whole footer, whose schema must have them.
+    No row is read; a remote folder's files are read 16 at a time. FileNotFoundError when there is no such folder.
+    """
+    import pyarrow.parquet as pq
+
+    filesystem, _ = resolve(folder)
+    files = [entry for entry in list_dir(folder, recursive=True)
+             if entry.type == pafs.FileType.File and entry.base_name.endswith(".parquet")]
+
+    def problem(entry: pafs.FileInfo) -> str | None:
+        size = entry.size or 0
+        try:
+            if columns:
+                names = pq.read_schema(entry.path, filesystem=filesystem).names
+                missing = [column for column in columns if column not in names]
+                return f"no column {', '.join(missing)} (its columns: {', '.join(names)})" if missing else None
+            if size < 12:
+                return f"{size} bytes, too short for a Parquet file (at least 12)"
+            with filesystem.open_input_file(entry.path) as file:
+                file.seek(size - 8)
+                tail = file.read(8)
+        except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+            return f"not readable as Parquet ({str(error).splitlines()[0]})"
+        if tail[4:] != PARQUET_MAGIC:
+            return f"{size:,} bytes that do not end as a Parquet file does (cut short, or not Parquet)"
+        if int.from_bytes(tail[:4], "little") > size - 12:
+            return f"{size:,} bytes, less than its footer says it holds (cut short)"
+        return None
+
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        found = [problem(entry) for entry in files]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            found = list(pool.map(problem, files))
+    return [f"{uri(entry.path, filesystem)}: {what}" for entry, what in zip(files, found) if what is not None]
+
+
 # --- Datasets that concurrent runs share ---------------------------------------------------------------------------
 
 #: Written last into each copy of a dataset that `write_once` makes: the copy is complete. JSON: what its writer said.
@@ -212,7 +258,7 @@ def write_once(root: str, write: Callable[[str], dict[str, Any]],
     """
     if complete := complete_copies(root, accept):
         return complete[0]
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     copy = join(root, f"{started}-{secrets.token_hex(4)}")
     marker = write(copy)
     write_text(join(copy, COPY_MARKER), json.dumps(marker, indent=1) + "\n")  # last: from now on, the copy counts

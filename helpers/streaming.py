@@ -36,6 +36,7 @@ from ray.train import UserCallback
 
 from helpers import storage
 from helpers.cluster import StoragePathError
+from helpers.data import check_parquet_copy
 from helpers.results import run_path
 from helpers.tooling import ray_internals
 
@@ -137,7 +138,9 @@ def synthetic_folder(storage_path: str, size_gb: float) -> str:
         return {"rows": num_rows, "bytes": storage.size(copy), "image_shape": list(IMAGE_SHAPE),
                 "image_type": str(IMAGE_TYPE), "size_gb": size_gb, "write_s": round(time.perf_counter() - started, 2)}
 
-    return storage.write_once(synthetic_path(storage_path, size_gb), write, accept=_this_layout)
+    copy = storage.write_once(synthetic_path(storage_path, size_gb), write, accept=_this_layout)
+    check_parquet_copy(copy, "the synthetic images")  # the files' ends only: a damaged copy is named before training
+    return copy
 
 
 def remove_synthetic_images(storage_path: str) -> int:

@@ -127,7 +127,7 @@ def memory_limit(megabytes: int) -> Iterator[None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     onednn = torch.backends.mkldnn.enabled
     resource.setrlimit(resource.RLIMIT_AS, (_status_bytes("VmSize") + megabytes * 2**20, hard))
-    torch.backends.mkldnn.enabled = False
+    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]  # torch types it as its descriptor
     try:
         yield
     finally:

@@ -118,23 +118,24 @@ def plan_search(cfg: CourseConfig, max_concurrent_trials: int = 2, capacity: Cap
         peak = plan_workers(cfg, num_workers=trials * single.num_workers, use_gpu=True, capacity=capacity)
         why = f"one GPU per worker, {gpus} GPU(s) in the cluster"
         return SearchPlan(trials, single.num_workers, True, dict(peak.resources_per_worker), why)
-    peak = max_concurrent_trials * single.num_workers
-    share = plan_workers(cfg, num_workers=peak, use_gpu=False, capacity=capacity).resources_per_worker["CPU"]
+    peak_workers = max_concurrent_trials * single.num_workers
+    share = plan_workers(cfg, num_workers=peak_workers, use_gpu=False, capacity=capacity).resources_per_worker["CPU"]
     hosts = [node.get("CPU", 0.0) for node in capacity.nodes if node.get("CPU", 0.0) > 0]
-    if sum(math.floor(cpus / share + 1e-9) for cpus in hosts) < peak:  # no whole CPU each: share them
-        share = max(0.25, math.floor(sum(hosts) / peak * 4) / 4)  # quarters of a CPU: Ray's fractions stay exact
+    if sum(math.floor(cpus / share + 1e-9) for cpus in hosts) < peak_workers:  # no whole CPU each: share them
+        share = max(0.25, math.floor(sum(hosts) / peak_workers * 4) / 4)  # quarters of a CPU: exact fractions for Ray
     why = f"the trials share the cluster's {sum(hosts):g} CPUs"
     return SearchPlan(max_concurrent_trials, single.num_workers, False, {"CPU": share}, why)
 
 
 def check_search_resources(scaling_config: ScalingConfig, max_concurrent_trials: int,
-                           capacity: Capacity | None = None) -> None:
+                           capacity: Capacity | None = None, flags: bool = False) -> None:
     """Raise ResourceRequestError unless `max_concurrent_trials` trials' workers fit the cluster at once.
 
     Tune starts that many trials, and each trial's Ray Train run asks for all its workers. Runs that do not fit wait:
     Ray Train waits 60 s for the workers' resources, logs WorkerGroupStartupTimeoutError, and asks again, until other
     trials end and free their workers. The search finishes, no faster, with a log full of those errors.
-    `capacity` defaults to the running Ray's.
+    `capacity` defaults to the running Ray's. The fix names the API (`TuneConfig(...)`), or with `flags` the
+    flags of tune_ray_ddp.py (`--max-concurrent-trials`, `--num-workers`).
     """
     capacity = cluster_capacity() if capacity is None else capacity
     per_trial = scaling_config.num_workers
@@ -146,13 +147,14 @@ def check_search_resources(scaling_config: ScalingConfig, max_concurrent_trials:
     if fit == 0:
         raise ResourceRequestError(
             f"No trial can ever start: each asks for {per_trial} workers x ({ask}), and the cluster holds {slots} "
-            f"such worker(s).\nTo fix it: fewer workers per trial, or less for each worker.")
+            f"such worker(s).\nTo fix it: fewer workers per trial{' (--num-workers)' if flags else ''}, or less for "
+            "each worker.")
     raise ResourceRequestError(
         f"{max_concurrent_trials} trials at once ask for {max_concurrent_trials} x {per_trial} workers x ({ask}), "
         f"and the cluster holds {slots} such worker(s): the workers of only {fit} trial(s) fit at once. The other "
         f"trials would start and wait for theirs, Ray Train logging WorkerGroupStartupTimeoutError every "
         f"{os.environ.get('RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S', '60')} s until a trial ends.\n"
-        f"To fix it: TuneConfig(max_concurrent_trials={fit}).")
+        f"To fix it: {f'--max-concurrent-trials {fit}' if flags else f'TuneConfig(max_concurrent_trials={fit})'}.")
 
 
 # --- The order in which Tune's scheduler saw the results -----------------------------------------------------------
@@ -224,7 +226,9 @@ def asha_decisions(history: pd.DataFrame, metric: str, mode: str, time_attr: str
                 return None if trial in rungs[milestone] else milestone
         return None
 
-    rows, rungs, session = [], {}, None
+    rows: list[dict[str, Any]] = []
+    rungs: dict[float, dict[str, float]] = {}  # per rung (milestone): each trial's value there, signed
+    session = None
     for _, result in history.iterrows():
         if result.get(SEARCH_SESSION, None) != session:
             session, rungs = result.get(SEARCH_SESSION, None), {milestone: {} for milestone in milestones}
@@ -300,7 +304,7 @@ def trial_errors_in_files_only() -> Iterator[None]:
 def trial_progress(experiment_path: str) -> dict[str, dict]:
     """Each trial of a search so far, read from its `result.json` under the experiment folder: how many results it
     has, and whether its last one says `done` (stopped by the scheduler, or at its end)."""
-    progress = {}
+    progress: dict[str, dict] = {}
     if not storage.is_dir(experiment_path):
         return progress
     for entry in storage.list_dir(experiment_path):

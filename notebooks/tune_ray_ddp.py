@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> ResultGrid:
     print(f"search: {plan.describe()}")
     scaling_config = ScalingConfig(num_workers=plan.num_workers, use_gpu=plan.use_gpu,
                                    resources_per_worker=plan.resources_per_worker)
-    check_search_resources(scaling_config, plan.max_concurrent_trials)  # fail now rather than queue with errors
+    check_search_resources(scaling_config, plan.max_concurrent_trials, flags=True)  # fail now, not queue with errors
     parquet_root = write_mnist_parquet(cfg.data_dir, storage_path)
     datasets = mnist_datasets(parquet_root, SMOKE_SEARCH_ROWS if args.smoke_test else SEARCH_ROWS)
     trainable = tune.with_resources(

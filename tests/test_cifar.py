@@ -6,6 +6,8 @@ import hashlib
 import http.server
 import io
 import pickle
+import re
+import shutil
 import tarfile
 import threading
 import time
@@ -33,7 +35,7 @@ from helpers.cifar import (
     vit_cifar10,
 )
 from helpers.config import load_config
-from helpers.data import DataNotFoundError
+from helpers.data import DataDamagedError, DataNotFoundError
 
 DATA_DIR = load_config().data_dir
 
@@ -73,6 +75,57 @@ def test_online_without_a_local_copy_reads_rays_public_bucket(tmp_path, monkeypa
     (tmp_path / "cifar10-parquet" / "train").mkdir(parents=True)  # half a copy does not count
     assert cifar10_parquet_root(tmp_path) == "s3://anonymous@ray-example-data/cifar10-parquet"
     assert asked and "s3" in asked[0]
+
+
+def _local_copy(tmp_path: Path) -> Path:
+    """A writable copy of the offline subset's test file, as both splits of `<tmp_path>/cifar10-parquet`."""
+    local = tmp_path / "cifar10-parquet"
+    for split in ("train", "test"):
+        (local / split).mkdir(parents=True)
+        shutil.copyfile(DATA_DIR / "cifar10-parquet" / "test" / "test-00000.parquet", local / split / "part-0.parquet")
+    return local
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda data: data[:len(data) // 2], "not readable as Parquet"),
+    (lambda data: b"garbage " * 100, "not readable as Parquet"),
+], ids=["truncated", "garbage"])
+def test_a_damaged_cifar_parquet_file_is_named_with_the_fix(tmp_path, damage, expected):
+    local = _local_copy(tmp_path)
+    assert cifar10_parquet_root(tmp_path) == str(local)  # whole: found as before
+    damaged = local / "train" / "part-0.parquet"
+    damaged.write_bytes(damage(damaged.read_bytes()))
+    started = time.monotonic()
+    with pytest.raises(DataDamagedError) as error:
+        cifar10_parquet_root(tmp_path)
+    assert time.monotonic() - started < 5
+    message = str(error.value)
+    assert f"{damaged}: {expected}" in message
+    assert f"replace the damaged file(s) with good ones (the layout of {cifar.CIFAR10_BUCKET}), or remove {local}" \
+        in message
+    with pytest.raises(DataDamagedError, match=re.escape(str(damaged))):  # read directly: the same message
+        read_split(str(local), "train")
+
+
+def test_a_cifar_parquet_file_without_the_columns_or_a_split_without_files_is_named(tmp_path):
+    local = _local_copy(tmp_path)
+    pq.write_table(pq.read_table(local / "test" / "part-0.parquet").rename_columns(["pixels", "label"]),
+                   local / "test" / "part-0.parquet")
+    (local / "train" / "part-0.parquet").unlink()
+    with pytest.raises(DataDamagedError) as error:
+        cifar10_parquet_root(tmp_path)
+    assert f"{local / 'test' / 'part-0.parquet'}: no column image (its columns: pixels, label)" in str(error.value)
+    assert f"{local / 'train'}: no .parquet file" in str(error.value)
+
+
+def test_a_damaged_downloaded_copy_is_named_with_the_folder_to_delete(tmp_path):
+    copy = tmp_path / "cifar10-parquet" / "20250101T000000.000000Z-0123abcd"  # as `download_cifar10` writes one
+    shutil.move(_local_copy(tmp_path / "source"), copy)
+    (copy / "_COMPLETE.json").write_text('{"rows": {"train": 2000, "test": 2000}}')
+    (copy / "test" / "part-0.parquet").write_bytes(b"PAR1")
+    with pytest.raises(DataDamagedError, match=re.escape(f"To fix it: delete the folder {copy}: online, `python -m "
+                                                         "helpers.cifar download` writes a new copy")):
+        cifar10_parquet_root(tmp_path)
 
 
 def test_normalize_standardises_each_channel_and_puts_channels_first():

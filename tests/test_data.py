@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 import socket
 import time
@@ -11,7 +12,15 @@ import torch
 from torchvision import datasets
 
 from helpers.config import load_config
-from helpers.data import DataNotFoundError, can_reach, load_mnist, mnist_is_present
+from helpers.data import (
+    MNIST_RAW_FILES,
+    DataDamagedError,
+    DataNotFoundError,
+    can_reach,
+    check_mnist_files,
+    load_mnist,
+    mnist_is_present,
+)
 
 
 def test_offline_mnist_loads_from_the_configured_data_dir():
@@ -125,3 +134,63 @@ def test_a_data_dir_that_cannot_be_created_on_a_node_says_so(local_mirror):
     assert re.search(rf"on (this machine|node [0-9a-f]{{8}}) \({re.escape(socket.gethostname())}\), and the folder "
                      "cannot be created there", message), message
     assert "on a mount every node shares" in message
+
+
+# --- Damaged files: named, with the fix, before torchvision reads them ------------------------------------------------
+
+def _tiny_mnist(data_dir, count: int = 5, compress: bool = False):
+    """A data dir with `count` images and labels per split in MNIST's raw layout (IDX, optionally .gz only)."""
+    raw = data_dir / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in MNIST_RAW_FILES:
+        if "images" in name:
+            data = b"\x00\x00\x08\x03" + b"".join(n.to_bytes(4, "big") for n in (count, 28, 28)) + bytes(count * 784)
+        else:
+            data = b"\x00\x00\x08\x01" + count.to_bytes(4, "big") + bytes(range(count))
+        (raw / f"{name}.gz").write_bytes(gzip.compress(data)) if compress else (raw / name).write_bytes(data)
+    return raw
+
+
+def test_a_truncated_mnist_file_names_the_file_and_the_fix_within_seconds(tmp_path):
+    raw = _tiny_mnist(tmp_path)
+    check_mnist_files(tmp_path)  # whole: quiet
+    damaged = raw / "train-images-idx3-ubyte"
+    damaged.write_bytes(damaged.read_bytes()[:1000])
+    start = time.monotonic()
+    with pytest.raises(DataDamagedError) as error:
+        load_mnist(tmp_path, train=True)
+    assert time.monotonic() - start < 10
+    message = str(error.value)
+    assert f"{damaged}: 1,000 bytes, expected 3,936 (a 16-byte header and 5 images of 28x28 bytes)" in message
+    assert "delete the damaged file(s) and re-run online" in message
+    assert f"copy the four files {', '.join(MNIST_RAW_FILES)} from a good copy into {raw}" in message
+    assert isinstance(error.value, DataNotFoundError), "scripts print the course's data errors as one line"
+
+
+@pytest.mark.parametrize("name, data, expected", [
+    ("t10k-labels-idx1-ubyte", b"\x00\x00", "2 bytes, too short for its 8-byte header"),
+    ("t10k-labels-idx1-ubyte", b"<html>not MNIST</html>", "not an IDX file of 1-dimensional uint8 data"),
+    ("t10k-images-idx3-ubyte", b"\x00\x00\x08\x03" + (5).to_bytes(4, "big") + (32).to_bytes(4, "big") * 2,
+     "records of shape (32, 32), expected (28, 28)"),
+    ("t10k-labels-idx1-ubyte", b"\x00\x00\x08\x01" + (4).to_bytes(4, "big") + bytes(4),
+     "t10k-*: 5 images but 4 labels"),
+], ids=["short", "not-idx", "shape", "counts"])
+def test_a_file_that_is_not_mnist_s_is_named_with_what_is_wrong(tmp_path, name, data, expected):
+    raw = _tiny_mnist(tmp_path)
+    (raw / name).write_bytes(data)
+    with pytest.raises(DataDamagedError, match=re.escape(expected)):
+        check_mnist_files(tmp_path)
+
+
+def test_gz_files_alone_are_checked_and_decompressed_for_torchvision(tmp_path):
+    raw = _tiny_mnist(tmp_path, count=7, compress=True)
+    assert len(load_mnist(tmp_path, train=False)) == 7  # torchvision reads only the decompressed files
+    assert all((raw / name).is_file() for name in MNIST_RAW_FILES)
+    (raw / "train-images-idx3-ubyte").unlink()
+    gz = raw / "train-images-idx3-ubyte.gz"
+    gz.write_bytes(gz.read_bytes()[:40])  # cut short: its trailer is gone
+    with pytest.raises(DataDamagedError, match=re.escape(f"{gz}: ")):
+        load_mnist(tmp_path, train=True)
+    gz.write_bytes(b"not gzip at all")
+    with pytest.raises(DataDamagedError, match=re.escape(f"{gz}: not a readable gzip file")):
+        load_mnist(tmp_path, train=True)

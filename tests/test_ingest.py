@@ -13,7 +13,7 @@ from ray.train import ScalingConfig
 
 from helpers import storage
 from helpers.cluster import Capacity, ResourceRequestError, check_data_resources, plan_workers
-from helpers.data import load_mnist
+from helpers.data import DataDamagedError, load_mnist
 from helpers.ingest import (
     NUM_BLOCKS,
     SMOKE_ROWS,
@@ -95,6 +95,20 @@ def test_an_interrupted_copy_is_ignored_and_left_as_it_is(course_ray, tmp_path):
     assert ray.data.read_parquet(storage.join(root, "test")).count() == 10_000
     assert {path: path.stat().st_mtime_ns for path in interrupted.rglob("*")} == files, "the leftover was changed"
     assert storage.incomplete_copies(str(interrupted.parent)) == [str(interrupted)]
+
+
+def test_a_copy_damaged_after_it_was_published_is_named_with_the_folder_to_delete(tmp_path):
+    # A complete copy (its marker written) whose file was cut later: found, checked, refused; no Ray needed.
+    copy = tmp_path / "datasets" / "mnist-parquet" / "20250101T000000.000000Z-0123abcd"
+    (copy / "train").mkdir(parents=True)
+    (copy / "train" / "part-00000.parquet").write_bytes(b"PAR1" + bytes(100))  # the end of a file cut short
+    (copy / storage.COPY_MARKER).write_text('{"rows": {"train": 60000, "test": 10000}, "num_files": 8}')
+    with pytest.raises(DataDamagedError) as error:
+        write_mnist_parquet("/nonexistent-data-dir", str(tmp_path))
+    message = str(error.value)
+    assert f"The copy of MNIST as Parquet in {copy} is damaged" in message
+    assert f"{copy / 'train' / 'part-00000.parquet'}: 104 bytes that do not end as a Parquet file does" in message
+    assert f"To fix it: delete the folder {copy} once no run reads it" in message
 
 
 def test_the_training_datasets_are_normalised_and_materialized(mnist_parquet):

@@ -188,6 +188,34 @@ def test_an_injected_mistake_fails(manifests, name, path, value, expected):
         kuberay.validate(broken)
 
 
+IMAGE_SCRIPTS = "python /home/ray/course/notebooks/"
+#: Entrypoints each script's own parser takes: flags one script has and the others lack.
+ACCEPTED_ENTRYPOINTS = [
+    "train_ray_ddp.py --num-workers 2 --epochs 1 --use-gpu",
+    "train_ray_ddp_with_ray_data.py --num-workers 2 --name my-run",
+    "tune_ray_ddp.py --num-samples 4 --max-concurrent-trials 2 --epochs 3 --name my-search",
+    "train_streaming.py --data-size-gb 0.5 --num-epochs 1 --json /tmp/report.json",
+]
+
+
+@pytest.mark.parametrize("entrypoint", ACCEPTED_ENTRYPOINTS, ids=[e.split()[0] for e in ACCEPTED_ENTRYPOINTS])
+def test_each_script_s_flags_are_checked_by_its_own_parser(entrypoint):
+    assert kuberay.entrypoint_errors(IMAGE_SCRIPTS + entrypoint) == []
+
+
+@pytest.mark.parametrize("entrypoint, expected", [
+    ("tune_ray_ddp.py --num-samples 4 --use-gpu",
+     "tune_ray_ddp.py rejects its flags: unrecognized arguments: --use-gpu"),
+    ("tune_ray_ddp.py --epochs 2", "tune_ray_ddp.py rejects its flags: --epochs must be at least 3"),
+    ("train_ray_ddp.py --num-samples 4", "train_ray_ddp.py rejects its flags: unrecognized arguments: --num-samples 4"),
+    ("train_ray_ddp.py --name my-run", "train_ray_ddp.py rejects its flags: unrecognized arguments: --name my-run"),
+    ("train_streaming.py --epochs 2", "train_streaming.py rejects its flags: unrecognized arguments: --epochs 2"),
+])
+def test_a_flag_the_script_does_not_take_fails_naming_that_script(entrypoint, expected):
+    (error,) = kuberay.entrypoint_errors(IMAGE_SCRIPTS + entrypoint)
+    assert error.startswith(f"spec.entrypoint: {expected}"), error
+
+
 @pytest.mark.parametrize("path, value, expected", [
     ("head.resource", {}, "head.resource: the ray-cluster chart 1.7.0 has no such value"),
     ("worker.podSecurityContex", {}, "worker.podSecurityContex:"),

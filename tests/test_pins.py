@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+
 import yaml
 
 from helpers.config import REPO_ROOT

@@ -6,10 +6,13 @@ workers; two workers there take every CPU of the cluster, as one worker per CPU 
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +45,38 @@ def refused(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, fl
         stdout, stderr = run.communicate(timeout=300)
         done[name] = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr), time.monotonic() - started
     return done
+
+
+def _parser_call(script: Path) -> tuple[str, dict[str, object]]:
+    """The `parse_*` function of helpers.tooling.scripts that `script` calls, and the keywords it passes."""
+    calls = [node for node in ast.walk(ast.parse(script.read_text())) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Name) and node.func.id.startswith("parse_")]
+    assert len(calls) == 1, f"{script.name} should parse its flags with one parse_* call, found {len(calls)}"
+    return calls[0].func.id, {kw.arg: ast.literal_eval(kw.value) for kw in calls[0].keywords}
+
+
+def test_every_script_is_in_script_parsers_with_the_parser_it_calls():
+    # kuberay.entrypoint_errors checks a RayJob's flags with SCRIPT_PARSERS: it must parse as the script does.
+    from helpers.tooling import scripts
+
+    names = sorted(path.name for path in (REPO_ROOT / "notebooks").glob("*.py"))
+    assert sorted(scripts.SCRIPT_PARSERS) == names, "add each script of notebooks/ to SCRIPT_PARSERS"
+    for name in names:
+        function, keywords = _parser_call(REPO_ROOT / "notebooks" / name)
+        parser = scripts.SCRIPT_PARSERS[name]
+        expected = (parser.func.__name__, parser.keywords) if isinstance(parser, functools.partial) else (
+            parser.__name__, {})
+        assert (function, keywords) == expected, f"{name} parses with {function}({keywords}), the table says {expected}"
+        assert getattr(scripts, function) is (parser.func if isinstance(parser, functools.partial) else parser)
+
+
+def test_parse_script_args_names_the_scripts_it_knows():
+    from helpers.tooling.scripts import parse_script_args
+
+    assert parse_script_args("tune_ray_ddp.py", ["--num-samples", "3"]).num_samples == 3
+    assert parse_script_args("train_ray_ddp_with_ray_data.py", ["--name", "run-1"]).name == "run-1"
+    with pytest.raises(ValueError, match="train.py is not one of the course's scripts .*SCRIPT_PARSERS"):
+        parse_script_args("train.py", [])
 
 
 def test_use_gpu_flags_default_to_the_configuration():

@@ -24,6 +24,7 @@ from helpers.storage import (
     makedirs,
     open_input,
     open_output,
+    parquet_problems,
     read_text,
     resolve,
     size,
@@ -239,6 +240,33 @@ def test_delete_dir_of_a_missing_folder_does_nothing(root):
     assert not exists(root)
 
 
+def test_parquet_problems_names_each_damaged_file_from_its_end(root):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"image": [b"x" * 100] * 50, "label": list(range(50))}), buffer)
+    whole = buffer.getvalue()
+    files = {"good.parquet": whole, "split/cut.parquet": whole[:len(whole) // 2], "split/html.parquet": b"<html>" * 9,
+             "split/tiny.parquet": b"PAR1", "notes.txt": b"not a dataset file"}
+    for name, data in files.items():
+        with open_output(join(root, name)) as file:
+            file.write(data)
+    problems = parquet_problems(root)
+    assert [problem.split(": ")[0] for problem in problems] == [
+        join(root, name) for name in ("split/cut.parquet", "split/html.parquet", "split/tiny.parquet")]
+    assert "do not end as a Parquet file does (cut short, or not Parquet)" in problems[0]
+    assert "4 bytes, too short for a Parquet file" in problems[2]
+    assert parquet_problems(join(root, "split"), columns=["image"])[0].startswith(join(root, "split/cut.parquet"))
+    with open_output(join(root, "other", "no-image.parquet")) as file:
+        pq.write_table(pa.table({"label": [1, 2]}), file)
+    assert parquet_problems(join(root, "other"), columns=["image", "label"]) == [
+        f"{join(root, 'other', 'no-image.parquet')}: no column image (its columns: label)"]
+    assert parquet_problems(join(root, "other")) == []  # without columns: only the file's end
+    with pytest.raises(FileNotFoundError):
+        parquet_problems(join(root, "missing"))
+
+
 # The point of the module.
 
 def test_an_s3_path_never_becomes_a_local_folder(s3_path, tmp_path, monkeypatch):
@@ -258,6 +286,7 @@ def test_every_public_function_is_tested():
               and getattr(getattr(storage, name), "__module__", None) == storage.__name__}
     tested = {"is_uri", "join", "basename", "resolve", "uri", "exists", "is_dir", "is_file", "makedirs",
               "list_dir", "size", "open_input", "open_output", "read_text", "write_text", "delete_file", "delete_dir",
+              "parquet_problems",
               # in tests/test_shared_datasets.py, with writers in processes of their own:
               "write_once", "complete_copies", "incomplete_copies", "read_marker"}
     assert public == tested

@@ -22,6 +22,7 @@ import ray
 
 from helpers import storage
 from helpers.cluster import StoragePathError
+from helpers.data import DataDamagedError
 from helpers.plots import streaming_scaling
 from helpers.streaming import (
     COMPLETE_MARKER,
@@ -189,6 +190,15 @@ def test_an_incomplete_copy_is_ignored_and_left_as_it_is(course_ray, tmp_path):
     assert (leftover / "part-from-an-interrupted-write.parquet").read_bytes() == b"not parquet"
     np.testing.assert_array_equal(_read_ids(folder), np.arange(num_rows_for(TINY_GB)))
     assert json.loads((Path(folder) / COMPLETE_MARKER).read_text())["rows"] == num_rows_for(TINY_GB)
+
+
+def test_a_damaged_synthetic_copy_is_named_with_the_folder_to_delete(tmp_path):
+    copy = Path(synthetic_path(str(tmp_path), TINY_GB)) / "20250101T000000.000000Z-0123abcd"
+    copy.mkdir(parents=True)
+    (copy / "part-00000.parquet").write_bytes(b"x" * 50)
+    (copy / COMPLETE_MARKER).write_text(json.dumps({"rows": 168, "image_type": "fixed_size_binary[12288]"}))
+    with pytest.raises(DataDamagedError, match=re.escape(f"The copy of the synthetic images in {copy} is damaged")):
+        synthetic_folder(str(tmp_path), TINY_GB)  # found complete: nothing written, no Ray needed
 
 
 def test_the_clean_up_removes_only_the_synthetic_datasets(tmp_path):

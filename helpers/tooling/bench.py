@@ -109,7 +109,7 @@ def run_rounds(variants: dict[str, Callable[[], T]], rounds: int, warmup: bool =
     """
     if warmup:
         next(iter(variants.values()))()
-    runs = {name: [] for name in variants}
+    runs: dict[str, list] = {name: [] for name in variants}
     for round_index in range(rounds):
         for name in rotated(list(variants), round_index):
             runs[name].append(variants[name]())
@@ -147,7 +147,7 @@ def loop_images_per_s(model: nn.Module, batches: Iterator, steps: int, warmup: i
     `bf16` runs forward and loss under bf16 autocast; `channels_last` stores images and weights as NHWC.
     """
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.to(device, memory_format=memory_format).train()
+    model = model.to(device, memory_format=memory_format).train()  # type: ignore[call-overload]  # torch takes both
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
@@ -388,7 +388,7 @@ def bench_ddp(sizes: dict, num_workers: int, use_gpu: bool) -> dict:
     cfg = load_config()
     data_dir, storage_path = str(cfg.data_dir), str(cfg.storage_path)
     steps, repeats = sizes["ddp_steps"], sizes["ddp_repeats"]
-    details = {1: [], num_workers: []}
+    details: dict[int, list] = {1: [], num_workers: []}
 
     def ray_train(workers: int) -> Callable[[], float]:
         def measure() -> float:

@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +339,7 @@ def run_lane(lessons: list[Lesson], out_dir: Path, report_path: Path | None, bud
     out_dir.mkdir(parents=True, exist_ok=True)
     storage_path = (storage_path or out_dir / "storage").resolve()
     report: dict[str, Any] = {
-        "schema": SCHEMA, "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "schema": SCHEMA, "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m helpers.tooling.gpu_lane " + " ".join(argv), "machine": machine(found_gpus),
         "mode": "full", "lessons": []}
     results: dict[str, dict[str, Any]] = {}

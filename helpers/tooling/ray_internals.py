@@ -94,8 +94,12 @@ def reported_node_groups() -> list[dict[str, Any]]:
 def report_node_groups(node_groups: list[dict[str, Any]]) -> None:
     """Write node types (dicts as `reported_node_groups` returns them) into Ray's cluster config, as Anyscale does."""
     # no public API: only an autoscaler writes the cluster config (tests play Anyscale's with this)
-    from ray._raylet import GCS_AUTOSCALER_CLUSTER_CONFIG_KEY, GCS_AUTOSCALER_STATE_NAMESPACE
-    from ray.core.generated.autoscaler_pb2 import ClusterConfig, NodeGroupConfig
+    # Ray's Cython module and its generated protobuf classes: their stubs do not name these (mypy)
+    from ray._raylet import (  # type: ignore[attr-defined]
+        GCS_AUTOSCALER_CLUSTER_CONFIG_KEY,
+        GCS_AUTOSCALER_STATE_NAMESPACE,
+    )
+    from ray.core.generated.autoscaler_pb2 import ClusterConfig, NodeGroupConfig  # type: ignore[attr-defined]
     from ray.experimental.internal_kv import _internal_kv_put
 
     config = ClusterConfig(node_group_configs=[NodeGroupConfig(**group) for group in node_groups])

@@ -49,7 +49,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-class RunRecorder(*ray_internals.train_run_callback_bases()):
+class RunRecorder(*ray_internals.train_run_callback_bases()):  # type: ignore[misc]  # bases found at run time
     """Appends one JSON line per start-up phase and per report of a Ray Train run to the file RUN_RECORD names."""
 
     def __init__(self):

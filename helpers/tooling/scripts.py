@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 
 import ray
@@ -129,6 +130,24 @@ def parse_streaming_args(description: str, argv: list[str] | None = None) -> arg
                          "--object-store-memory=<bytes>` (KubeRay: rayStartParams object-store-memory), or unset "
                          "RAY_ADDRESS to run on a local Ray.")
     return args
+
+
+#: Each script in notebooks/ and the parser its `main` reads its flags with: `parser(description, argv)`.
+#: tests/test_scripts.py fails when a script is missing here or parses with another function.
+SCRIPT_PARSERS: dict[str, Callable[[str, list[str] | None], argparse.Namespace]] = {
+    "train_ray_ddp.py": parse_args,
+    "train_ray_ddp_with_ray_data.py": functools.partial(parse_args, resumable=True),
+    "train_streaming.py": parse_streaming_args,
+    "tune_ray_ddp.py": parse_tune_args,
+}
+
+
+def parse_script_args(script: str, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed as the course script `script` (its file name, e.g. "tune_ray_ddp.py") parses its flags."""
+    if script not in SCRIPT_PARSERS:
+        raise ValueError(f"{script} is not one of the course's scripts ({', '.join(SCRIPT_PARSERS)}): name one of "
+                         "those, or add the new script and its parser to SCRIPT_PARSERS in helpers/tooling/scripts.py")
+    return SCRIPT_PARSERS[script](script, argv)
 
 
 def requested_size_gb(args: argparse.Namespace) -> float:
