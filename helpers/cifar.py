@@ -38,7 +38,7 @@ MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
 STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
 #: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 4 steps of 128 images, 256 to test.
 SMOKE_ROWS = {"train": 512, "test": 256}
-#: The seed's ViT (full mode), and a small one with the same structure for smoke runs.
+#: The tutorial's ViT (full mode), and a small one with the same structure for smoke runs.
 VIT_SIZES = {
     "full": {"num_layers": 12, "num_heads": 8, "hidden_dim": 384, "mlp_dim": 768},
     "smoke": {"num_layers": 2, "num_heads": 4, "hidden_dim": 64, "mlp_dim": 128},
@@ -168,7 +168,7 @@ def augmented_collate(rows: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor,
 def vit_cifar10(smoke_test: bool = False) -> VisionTransformer:
     """torchvision's ViT for 32x32 images in 4x4 patches (64 tokens and a class token), 10 classes.
 
-    Full mode is the seed's model: 12 layers, 8 heads, width 384, MLP 768. Smoke mode: 2 layers, width 64.
+    Full mode is the tutorial's model: 12 layers, 8 heads, width 384, MLP 768. Smoke mode: 2 layers, width 64.
     """
     from torchvision.models import VisionTransformer  # here: Ray Data's tasks import this module without torch
 

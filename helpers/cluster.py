@@ -375,8 +375,9 @@ def check_data_resources(
     hosts = [node for node in capacity.nodes if node.get("CPU", 0.0) > 0 and (node.get("GPU", 0.0) >= 1 or not gpu)]
     if total_cpus > 1 and hosts:
         share = _streaming_cpus(hosts, workers, gpu)
-        hints.append(f"size the workers with course_scaling_config(cfg, datasets=...), which keeps CPUs for Ray Data on "
-                     f"every node: here resources_per_worker={{'CPU': {share:g}}}")
+        hints.append(f"size the workers with course_scaling_config(cfg, datasets=...), which keeps CPUs for Ray Data "
+                     f"(the rest of each GPU node beyond 2 per worker, at least 1 over the CPU nodes): here "
+                     f"resources_per_worker={{'CPU': {share:g}}}")
     hints.append("or use fewer workers, or a bigger cluster")
     raise ResourceRequestError(
         f"Ray Data would never get a CPU: the {workers} training workers reserve {training_cpus:g} of the "

@@ -91,6 +91,11 @@ def name_this_cluster() -> None:
 #: every profiler start and stop to stderr, and torch's CUDA build without a GPU adds "gpuGetDeviceCount failed";
 #: 6 is above its highest level (set 4 on a GPU to see Kineto's errors).
 WORKER_ENV_DEFAULTS = {"RAY_DATA_LOG_LEVEL": "WARNING", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "KINETO_LOG_LEVEL": "6"}
+#: Passed on to every worker when set in this process: the callbacks Ray Train builds at each fit() (read in whichever
+#: process calls it: a Tune trial, a job's driver) and the file the course's run recorder writes
+#: (helpers.tooling.run_recorder, which the GPU lane sets).
+RUN_RECORD_VAR = "COURSE_RUN_RECORD"
+PASSED_ON = (ray_internals.TRAIN_CALLBACKS_VAR, RUN_RECORD_VAR)
 
 
 def job_runtime_env() -> dict | None:
@@ -111,6 +116,7 @@ def runtime_env(cfg: CourseConfig) -> dict:
     ours: dict[str, Any] = {
         "py_modules": [str(Path(helpers.__file__).parent)],
         "env_vars": {**{name: os.environ.get(name, value) for name, value in WORKER_ENV_DEFAULTS.items()},
+                     **{name: os.environ[name] for name in PASSED_ON if os.environ.get(name)},
                      **cfg.as_env(), "PYTHONWARNINGS": warning_filters},
         "worker_process_setup_hook": f"{__name__}.{quiet_worker_logs.__name__}"}
     job = job_runtime_env()
@@ -198,7 +204,8 @@ def ray_target(cfg: CourseConfig, timeout_s: float = RECORDED_CLUSTER_TIMEOUT_S)
 
     A plain `ray.init()` joins the recorded cluster without asking whether it still runs, and the file outlives a
     head that was killed, ran out of memory or lost its container (only `ray stop` deletes it): `ray.init()` then
-    waits for that cluster without end, printing nothing. RAY_ADDRESS=auto joins the recorded cluster too: when it
+    retries that cluster for about 14 minutes (20 tries, about 40 s each) with nothing in a notebook, then fails.
+    RAY_ADDRESS=auto joins the recorded cluster too: when it
     does not answer, this raises ConfigError at once.
     """
     if cfg.ray_address == LOCAL_RAY:

@@ -13,17 +13,19 @@ from torch.utils.data import DataLoader
 
 
 def loader_workers() -> int:
-    """DataLoader worker processes for this Ray worker: the CPUs Ray reserved for it, less one for the training loop.
+    """DataLoader worker processes for this Ray task or worker: on a GPU, the CPUs Ray reserved for it less one for the
+    training loop; 0 (the DataLoader loads in the loop's own process) without a GPU, on one CPU, and outside Ray.
 
-    0 (the DataLoader loads in the training process) on one CPU or less, and outside a Ray worker. Ray counts a
-    DataLoader's processes under the worker that starts them, so more would take CPUs that Ray gave to others.
+    While a GPU computes, the loop's process needs one CPU and the others can prepare the next batches. Without a GPU
+    the model computes on the reserved CPUs (Ray sets OMP_NUM_THREADS to them), and loader processes would compete
+    for the same cores. Ray neither sees nor limits a DataLoader's processes: more would use cores it promised others.
     """
     import ray
 
     if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
         return 0
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
-    return max(0, int(cpus) - 1)
+    assigned = ray.get_runtime_context().get_assigned_resources()
+    return max(0, int(assigned.get("CPU", 0.0)) - 1) if assigned.get("GPU", 0.0) > 0 else 0
 
 
 def seed_everything(seed: int) -> None:

@@ -3,6 +3,7 @@ for."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -24,7 +25,7 @@ from helpers.cluster import (
     plan_workers,
     resources_per_worker,
 )
-from helpers.config import ConfigError, load_config
+from helpers.config import REPO_ROOT, ConfigError, load_config
 from helpers.tooling.ray_internals import train_resources_per_worker
 
 LAPTOP = Capacity([{"CPU": 2.0, "memory": 1e10}])
@@ -268,7 +269,7 @@ def test_cpus_are_kept_for_ray_data_on_every_gpu_node_only_when_a_dataset_stream
                              cases["streaming"], ONE_GPU_16_CPUS)
 
 
-def test_a_dataloader_gets_a_process_per_cpu_ray_gave_the_worker_less_one(course_ray):
+def test_a_cpu_worker_gets_no_loader_process(course_ray):
     from helpers.training import loader_workers
 
     @ray.remote
@@ -276,7 +277,28 @@ def test_a_dataloader_gets_a_process_per_cpu_ray_gave_the_worker_less_one(course
         return loader_workers()
 
     assert loader_workers() == 0, "the driver is no Ray worker: its DataLoader loads in its own process"
-    assert [ray.get(workers_in_a_task.options(num_cpus=cpus).remote()) for cpus in (0.5, 1, 2)] == [0, 0, 1]
+    # Without a GPU the reserved CPUs compute the model: no loader process competes with them, whatever their number.
+    assert [ray.get(workers_in_a_task.options(num_cpus=cpus).remote()) for cpus in (0.5, 1, 2)] == [0, 0, 0]
+
+
+@pytest.mark.ray
+def test_a_gpu_worker_gets_a_loader_process_per_cpu_ray_reserved_less_one(tmp_path):
+    # A Ray with two (logical) GPUs in a subprocess: Ray assigns GPUs it is told of, on any machine.
+    import subprocess
+    import sys
+
+    code = """
+import ray
+from helpers.training import loader_workers
+ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+@ray.remote
+def workers():
+    return loader_workers()
+print([ray.get(workers.options(num_cpus=cpus, num_gpus=1).remote()) for cpus in (0, 1, 2)])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert out.stdout.strip().splitlines()[-1] == "[0, 0, 1]", out.stderr[-2000:]
 
 
 def test_a_writable_storage_path_passes_and_keeps_no_probe(course_ray, tmp_path):

@@ -217,3 +217,32 @@ def test_the_committed_report_has_the_lanes_layout_and_the_readme_quotes_it():
         assert rows[result["lesson"]].endswith(f"| {gpu_lane.table_cell(result)} |"), result["lesson"]
     for number in NOT_IN_LANE:
         assert rows[number].endswith("| not in the GPU lane |")
+
+
+def test_a_recorder_that_cannot_write_warns_once_and_never_fails_the_run(tmp_path):
+    from types import SimpleNamespace
+
+    from helpers.tooling.run_recorder import RECORD_VAR, RunRecorder
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(RECORD_VAR, str(tmp_path / "gone" / "records.jsonl"))  # its folder does not exist
+        recorder = RunRecorder()
+    with pytest.warns(RuntimeWarning, match="stops recording run r"):
+        recorder.after_controller_start(SimpleNamespace(run_config=SimpleNamespace(name="r")))
+    recorder.after_report(None, [{"test_acc": 0.5}])  # no second warning, no exception: Ray Train would fail the run
+    assert recorder.path is None
+
+
+def test_setup_passes_the_recorder_on_to_every_worker(monkeypatch):
+    from helpers.config import load_config
+    from helpers.session import runtime_env
+    from helpers.tooling.run_recorder import recording_env
+
+    for name, value in recording_env("/tmp/records.jsonl").items():
+        monkeypatch.setenv(name, value)
+    env_vars = runtime_env(load_config({}))["env_vars"]
+    assert {name: env_vars.get(name) for name in recording_env("/tmp/records.jsonl")} == recording_env(
+        "/tmp/records.jsonl"), "a Tune trial or a job's driver that calls fit() records its runs too"
+    for name in recording_env("/tmp/records.jsonl"):
+        monkeypatch.delenv(name)
+    assert not set(recording_env("x")) & set(runtime_env(load_config({}))["env_vars"])

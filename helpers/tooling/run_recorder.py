@@ -1,22 +1,27 @@
 """A record of every Ray Train run a process starts: when each phase of its start-up ended, and every report.
 
 Ray Train 2.60 builds the callbacks named in RAY_TRAIN_CALLBACKS (`module.Class`, comma-separated) at each `fit()`,
-in the driver, and hands them to the run's controller (train/v2/_internal/callbacks/env_callback.py). With
-`RAY_TRAIN_CALLBACKS=helpers.tooling.run_recorder.RunRecorder` and RUN_RECORD naming a file, every run, from a
-notebook's cell, a script or a Tune trial, appends JSON lines there, untouched code and all. The GPU lane
-(`helpers.tooling.gpu_lane`) reads them to split each run's start-up between Ray and the course:
+in the process that calls it, and hands them to the run's controller, which runs on that process's node
+(train/v2/_internal/callbacks/env_callback.py, api/data_parallel_trainer.py). With
+`RAY_TRAIN_CALLBACKS=helpers.tooling.run_recorder.RunRecorder` and COURSE_RUN_RECORD naming a file, every run, from a
+notebook's cell, a script or a Tune trial, appends JSON lines to that file on the node that called `fit()`, untouched
+code and all: `setup()` passes both variables on to every Ray worker (`helpers.session.runtime_env`). Local mode
+(`num_workers=0`) builds no callbacks and records nothing. A recorder that cannot write stops recording with one
+warning: it never fails a run. The GPU lane (`helpers.tooling.gpu_lane`) reads the records to split each run's
+start-up between Ray and the course:
 
 | event | when (the controller's clock; one machine) |
 | --- | --- |
-| `fit` | `fit()` was called (the callback is built in the driver) |
-| `controller_started` | Ray Train's controller actor runs |
-| `workers_started` | the worker actors are up (placement group, processes, `import`s) |
-| `training_started` | the process group and the datasets are set up, the training function launched |
-| `report` | every worker reported; rank 0's metrics |
+| `fit` | `fit()` was called (the callback is built then) |
+| `controller_started` | Ray Train's controller actor runs, its resource request registered |
+| `workers_started` | the worker actors are up (placement group, processes, `import`s, the datasets' split coordinator) |
+| `training_started` | the process group set up, Ray Data's context sent, the training function launched |
+| `report` | every worker reported; the metrics of the lowest reporting rank (rank 0, unless a preemption narrowed it) |
 | `finished` | the controller has the run's result |
 
-What happens between `training_started` and the first epoch (reading data, building loaders and the model) is the
-course's part; a loop that reports `epoch_started_at` (lessons 02-05) or `start_s` (lesson 09) says when that was.
+What happens between `training_started` and the first epoch (reading data, building loaders and the model; a
+dataset's shard is split at the loop's first `get_dataset_shard`) is the course's part; a loop that reports
+`epoch_started_at` (lessons 02-05) or `start_s` (lesson 09) says when that was.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import math
 import os
 import statistics
 import time
+import warnings
 from typing import Any
 
+from helpers.session import RUN_RECORD_VAR
 from helpers.tooling import ray_internals
 
-#: The file every RunRecorder appends to (unset: it records nothing).
-RECORD_VAR = "RUN_RECORD"
+#: The file every RunRecorder appends to (unset: it records nothing). `setup()` passes it on to every Ray worker.
+RECORD_VAR = RUN_RECORD_VAR
 CALLBACK_PATH = "helpers.tooling.run_recorder.RunRecorder"
 
 
@@ -61,12 +68,15 @@ class RunRecorder(*ray_internals.train_run_callback_bases()):  # type: ignore[mi
         if self.path is None:
             return
         line = json.dumps({"run": self.run, "event": event, "t": time.time() if at is None else at, **fields})
-        # One write of a short line to a file opened for appending: lines of several runs never interleave.
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(descriptor, (line + "\n").encode())
-        finally:
-            os.close(descriptor)
+        try:  # one write of a short line to a file opened for appending: lines of several runs never interleave
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(descriptor, (line + "\n").encode())
+            finally:
+                os.close(descriptor)
+        except OSError as error:  # an exception in a callback would fail the run (Ray Train's controller raises it)
+            warnings.warn(f"The run recorder stops recording run {self.run}: {error}", RuntimeWarning, stacklevel=2)
+            self.path = None
 
     def after_controller_start(self, train_run_context) -> None:
         self.run = train_run_context.run_config.name
