@@ -14,10 +14,10 @@ import hashlib
 import io
 import json
 import subprocess
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
@@ -27,7 +27,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from helpers.config import REPO_ROOT
 from helpers.session import runtime_env
 from helpers.tooling.local_cluster import RAY_CLI, LocalCluster
-from tests.test_multinode import assert_stopped, clean_env
+from tests.support import assert_stopped, clean_env, running, wait_until
 
 #: A training job of one worker on one CPU.
 TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
@@ -35,9 +35,17 @@ TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
 
 @pytest.fixture(scope="module")
 def cluster(no_ray) -> Iterator[LocalCluster]:
+    """A head with no CPUs and one worker node; stopped after the module, and checked gone: its processes, listed
+    just before it stops, include the drivers of jobs still running (children of the node's workers)."""
     local_cluster = LocalCluster(worker_nodes=1, cpus_per_worker_node=2).start()
-    yield local_cluster
-    local_cluster.stop()  # idempotent: the last test stops it and checks that nothing is left
+    temp_dir, address = local_cluster.temp_dir, local_cluster.address
+    assert temp_dir is not None
+    try:
+        yield local_cluster
+    finally:
+        processes = local_cluster.processes()
+        local_cluster.stop()
+    assert_stopped(processes, temp_dir, address)
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +74,11 @@ def cli(cluster: LocalCluster, *args: str, token: bool = True, timeout_s: float 
                           text=True, timeout=timeout_s)
 
 
-def wait_until(predicate, timeout_s: float, what: str):
-    """Poll `predicate` every second until it returns something true; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(1)
-    return value
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:  # ended meanwhile
+        return []
 
 
 def terminal_status(client: JobSubmissionClient, submission_id: str, timeout_s: float = 600) -> JobStatus:
@@ -93,9 +99,17 @@ def upload(cluster: LocalCluster, auth: dict[str, str], folder: Path, keep_name:
     return f"gcs://{name}"
 
 
+class FinishedJob(NamedTuple):
+    submission_id: str
+    status: JobStatus
+    logs: str
+
+
 @pytest.fixture(scope="module")
-def training_job(cluster: LocalCluster, auth: dict[str, str], job_env: dict[str, str]) -> str:
-    """Lesson 02's script submitted through REST; its submission id."""
+def training_job(cluster: LocalCluster, auth: dict[str, str], job_env: dict[str, str],
+                 client: JobSubmissionClient) -> FinishedJob:
+    """Lesson 02's script submitted through REST, once it ended: its submission id, final status and logs (read
+    here, so that no test depends on another's not having deleted the job yet)."""
     # Raw REST cannot send a local folder: zip it and PUT it to /api/packages/ first, as the SDK does. Each job gets
     # its own zips: a job that sets up a working_dir URI re-extracts it (Ray 2.60: overwrite=True), pulling the
     # folder from under a running job that uses the same URI.
@@ -107,9 +121,11 @@ def training_job(cluster: LocalCluster, auth: dict[str, str], job_env: dict[str,
                         "env_vars": job_env}})
     assert response.status_code == 200, response.text
     assert response.json()["submission_id"] == "train-rest"
-    return "train-rest"
+    status = terminal_status(client, "train-rest")
+    return FinishedJob("train-rest", status, client.get_job_logs("train-rest"))
 
 
+@pytest.mark.ray
 def test_the_jobs_api_answers_only_with_the_token(cluster: LocalCluster, auth: dict[str, str]) -> None:
     api = f"{cluster.dashboard_url}/api/jobs/"
     assert requests.get(api, timeout=30).status_code == 401
@@ -118,6 +134,7 @@ def test_the_jobs_api_answers_only_with_the_token(cluster: LocalCluster, auth: d
     assert requests.get(api, headers=auth, timeout=30).status_code == 200
 
 
+@pytest.mark.ray
 def test_the_cli_sends_the_token_only_with_ray_auth_mode(cluster: LocalCluster) -> None:
     refused = cli(cluster, "list", token=False)
     assert refused.returncode != 0
@@ -127,10 +144,10 @@ def test_the_cli_sends_the_token_only_with_ray_auth_mode(cluster: LocalCluster) 
     assert listed.returncode == 0, listed.stderr
 
 
+@pytest.mark.ray
 def test_a_training_job_succeeds_and_leaves_its_checkpoint_on_storage(
-        training_job: str, client: JobSubmissionClient, job_env: dict[str, str]) -> None:
-    status = terminal_status(client, training_job)
-    logs = client.get_job_logs(training_job)
+        training_job: FinishedJob, job_env: dict[str, str]) -> None:
+    status, logs = training_job.status, training_job.logs
     assert status == JobStatus.SUCCEEDED, logs[-3000:]
     summary = [line for line in logs.splitlines() if line.startswith(("test_acc=", "checkpoint: ", "workers ran"))]
     heads = [line.split("=")[0].split(":")[0] for line in summary]
@@ -140,33 +157,35 @@ def test_a_training_job_succeeds_and_leaves_its_checkpoint_on_storage(
     assert any(checkpoint.iterdir()), "the checkpoint folder is empty"
 
 
-def test_the_cli_reports_status_and_logs(cluster: LocalCluster, training_job: str,
+@pytest.mark.ray
+def test_the_cli_reports_status_and_logs(cluster: LocalCluster, training_job: FinishedJob,
                                          client: JobSubmissionClient) -> None:
-    terminal_status(client, training_job)
-    status = cli(cluster, "status", training_job)
-    assert status.returncode == 0 and f"Job '{training_job}' succeeded" in status.stdout, status.stdout
-    logs = cli(cluster, "logs", training_job, "--follow")
+    job_id = training_job.submission_id  # ended: the CLI reports it, then deletes it
+    status = cli(cluster, "status", job_id)
+    assert status.returncode == 0 and f"Job '{job_id}' succeeded" in status.stdout, status.stdout
+    logs = cli(cluster, "logs", job_id, "--follow")
     assert logs.returncode == 0 and "test_acc=" in logs.stdout
     listed = cli(cluster, "list")
-    assert f"submission_id='{training_job}'" in listed.stdout, listed.stdout[-2000:]
-    deleted = cli(cluster, "delete", training_job)
+    assert f"submission_id='{job_id}'" in listed.stdout, listed.stdout[-2000:]
+    deleted = cli(cluster, "delete", job_id)
     assert deleted.returncode == 0, deleted.stderr
-    assert training_job not in [job.submission_id for job in client.list_jobs()]
+    assert job_id not in [job.submission_id for job in client.list_jobs()]
 
 
+@pytest.mark.ray
 def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster, client: JobSubmissionClient) -> None:
     # A driver that would run for 10 minutes; lesson 07 stops a training run the same way, through REST.
     entrypoint = "python -c 'import time; print(\"started\", flush=True); time.sleep(600)'"
     client.submit_job(entrypoint=entrypoint, submission_id="long")
     wait_until(lambda: "started" in client.get_job_logs("long"), 120, "the driver started")
-    driver = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(600)" in " ".join(p.info["cmdline"] or [])
-              and "python" in (p.info["cmdline"] or [""])[0]]
-    assert driver, "the job's driver process was not found"
+    # The driver among this cluster's own processes (a child of the worker that runs the job's supervisor).
+    driver = [p for p in cluster.processes()
+              if "python" in (_cmdline(p) or [""])[0] and "time.sleep(600)" in " ".join(_cmdline(p))]
+    assert driver, "the job's driver process was not found among the cluster's processes"
     stopped = cli(cluster, "stop", "long")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert terminal_status(client, "long", timeout_s=120) == JobStatus.STOPPED
-    wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in driver), 60,
-               "the driver process ended")
+    wait_until(lambda: not any(running(p) for p in driver), 60, "the driver process ended")
     response = requests.delete(f"{cluster.dashboard_url}/api/jobs/long",
                                headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30)
     assert response.status_code == 200 and response.json() == {"deleted": True}
@@ -186,13 +205,3 @@ def test_the_courses_runtime_env_leaves_the_jobs_own_settings_to_the_job(monkeyp
     assert "COURSE_DATA_DIR" in ours["env_vars"], "the settings the job does not set still reach the workers"
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
     assert set(runtime_env(load_config({}))) == {"py_modules", "env_vars", "worker_process_setup_hook"}
-
-
-def test_stopping_the_cluster_leaves_no_process(cluster: LocalCluster) -> None:
-    processes, temp_dir, address = cluster.processes(), cluster.temp_dir, cluster.address
-    assert temp_dir is not None
-    cluster.stop()
-    assert_stopped(processes, temp_dir, address)
-    drivers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
-               if "train_ray_ddp.py" in " ".join(p.info["cmdline"] or [])]
-    assert drivers == [], "a job's driver outlived the cluster"

@@ -36,9 +36,9 @@ from helpers.results import latest_checkpoint_metrics, read_history
 from helpers.session import PREEMPTION_WATCHER_VAR
 from helpers.tooling.local_cluster import LocalCluster
 from helpers.tuning import TRIAL_ID_IN_FOLDER, search_state
+from tests.support import RAY_VARS, assert_stopped, clean_env
 
-#: The Ray variables a LocalCluster must leave as they are in the process that starts it.
-RAY_VARS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
 
 #: Joins the cluster named by RAY_ADDRESS and prints its nodes.
 NODES_DRIVER = """
@@ -63,11 +63,6 @@ print(json.dumps({"task": ray.get(one.remote(), timeout=60)}))
 ray.shutdown()
 """
 
-def clean_env(**variables: str) -> dict[str, str]:
-    """This process's environment without any Ray address or token setting, plus `variables`."""
-    env = {name: value for name, value in os.environ.items() if name not in RAY_VARS}
-    return {**env, **variables}
-
 
 def run_driver(code: str, env: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess:
     """Run `code` in a new Python process with `env`; fail the test if it takes longer than `timeout_s`."""
@@ -77,26 +72,6 @@ def run_driver(code: str, env: dict[str, str], timeout_s: float = 120) -> subpro
 def last_json_line(output: str) -> dict | list:
     """The last line of `output` (a driver prints its result last), parsed as JSON."""
     return json.loads(output.strip().splitlines()[-1])
-
-
-def running_processes_mentioning(*marks: str) -> list[str]:
-    """Command lines of the processes still running that mention any of `marks` (zombies do not count)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(mark in cmdline for mark in marks):
-            found.append(cmdline[:160])
-    return found
-
-
-def assert_stopped(processes: list[psutil.Process], temp_dir: Path, address: str) -> None:
-    """Nothing of a stopped cluster is left: none of its `processes`, no process naming its temp dir or GCS address
-    (the agents and workers name neither, hence the list taken before stop()), and no temp dir."""
-    assert processes, "the cluster had no processes to stop"
-    still_running = [proc for proc in processes if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
-    assert still_running == []
-    assert running_processes_mentioning(f"{temp_dir}/", f"{temp_dir} ", address) == []
-    assert not temp_dir.exists()
 
 
 @pytest.fixture(scope="module")
