@@ -21,6 +21,7 @@ from helpers.data import (
     load_mnist,
     mnist_is_present,
 )
+from tests.support import FAILS_FAST_S
 
 
 def test_offline_mnist_loads_from_the_configured_data_dir():
@@ -53,7 +54,7 @@ def test_missing_and_not_downloadable_fails_fast_with_what_to_do(tmp_path, monke
     start = time.monotonic()
     with pytest.raises(DataNotFoundError) as error:
         load_mnist(tmp_path / "empty", train=True)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < FAILS_FAST_S
     message = str(error.value)
     assert str(tmp_path / "empty" / "MNIST" / "raw") in message
     assert "COURSE_DATA_DIR" in message and "online" in message
@@ -159,7 +160,7 @@ def test_a_truncated_mnist_file_names_the_file_and_the_fix_within_seconds(tmp_pa
     start = time.monotonic()
     with pytest.raises(DataDamagedError) as error:
         load_mnist(tmp_path, train=True)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < FAILS_FAST_S
     message = str(error.value)
     assert f"{damaged}: 1,000 bytes, expected 3,936 (a 16-byte header and 5 images of 28x28 bytes)" in message
     assert "delete the damaged file(s) and re-run online" in message
