@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import time
@@ -79,12 +80,19 @@ def test_training_thread_keeps_the_loop_thread_innermost_first():
     assert training_thread(finished) == [], "a rank whose loop returned has no training thread"
 
 
+#: How long a new Python process may take to start and say it is ready (well under 1 s on an idle machine).
+READY_WITHIN_S = 60
+
+
 def test_worker_stack_reads_a_live_python_process_without_colour_codes(monkeypatch):
     monkeypatch.setenv("CLICOLOR_FORCE", "1")  # set in a Jupyter kernel: py-spy then colours its output
-    program = "import time\ndef waits_here():\n    time.sleep(60)\nwaits_here()"
-    sleeper = subprocess.Popen([sys.executable, "-c", program])
+    # It says "ready" from the line it then sleeps on (one line: its stack reads the same before and after the sleep
+    # starts), and the test waits for that line, not for a guessed time.
+    program = "import time\ndef waits_here():\n    print('ready', flush=True); time.sleep(60)\nwaits_here()"
+    sleeper = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1)
+        assert select.select([sleeper.stdout], [], [], READY_WITHIN_S)[0], f"not ready within {READY_WITHIN_S} s"
+        assert sleeper.stdout.readline() == "ready\n"
         stack = worker_stack(sleeper.pid)
         assert "\n    waits_here (<string>:3)" in stack and "\x1b" not in stack, stack
     finally:
