@@ -36,14 +36,17 @@ if TYPE_CHECKING:
 # environment and must keep Jupyter's inline backend.)
 matplotlib.use("Agg")
 
-#: Fixtures that start Ray in the test process: a test that uses one is in the `ray` tier (see pyproject.toml).
+#: Fixtures that start Ray in the test process. A test's tier is its marker, set by hand (`pytestmark` for a module
+#: whose tests all start Ray, else on each test); collection fails when a test that uses one of these lacks `ray`.
 RAY_FIXTURES = {"course_ray", "no_ray", "mnist_parquet"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.ray)
+    untiered = [item.nodeid for item in items
+                if RAY_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("ray") is None]
+    if untiered:
+        raise pytest.UsageError("These tests start Ray (they use one of " + ", ".join(sorted(RAY_FIXTURES)) +
+                                ") but are not marked `ray`: add @pytest.mark.ray\n  " + "\n  ".join(untiered))
 
 
 _started: dict[str, CourseConfig] = {}  # the configuration setup() returned, while its Ray is up

@@ -19,6 +19,8 @@ import pytest
 from helpers.config import REPO_ROOT
 from helpers.tooling.local_cluster import LocalCluster, fake_autoscaling_config
 
+pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
+
 NODE_TYPES = {"cpu_node": {"resources": {"CPU": 2}, "max_workers": 2},
               "gpu_node": {"resources": {"CPU": 4, "GPU": 1}, "max_workers": 1}}
 

@@ -112,6 +112,7 @@ def test_startup_phases_read_the_controllers_own_clock(tmp_path):
         bench.startup_phases(records[:4])
 
 
+@pytest.mark.ray
 def test_ray_trains_controller_still_logs_every_phase(course_ray, tmp_path):
     """Against the pinned Ray: a real fit's controller log has every phase `startup_phases` reads."""
     import ray.train

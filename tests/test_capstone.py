@@ -78,6 +78,7 @@ def config(course_ray, tmp_path_factory) -> dict:
             "seed": 0}
 
 
+@pytest.mark.ray
 def test_a_skeleton_is_not_run_and_the_learner_is_told_what_to_write(config, capsys):
     assert unfinished(skeleton) == ["skeleton"] and unfinished(loop) == []
     started = time.perf_counter()
@@ -86,6 +87,7 @@ def test_a_skeleton_is_not_run_and_the_learner_is_told_what_to_write(config, cap
     assert "✗ Step 2, not yet:\n  - `skeleton` still has `...`: write it" in capsys.readouterr().out
 
 
+@pytest.mark.ray
 def test_a_loop_without_prepare_data_loader_fails_the_share_check(config, capsys):
     with pytest.raises(ExerciseNotPassed, match=r"each worker trains on its own share: 32 of the 64 images "
                                                 r"\(AssertionError: got 64\)"):
@@ -93,6 +95,7 @@ def test_a_loop_without_prepare_data_loader_fails_the_share_check(config, capsys
     assert "✓" not in capsys.readouterr().out
 
 
+@pytest.mark.ray
 def test_a_loop_where_only_rank_0_reports_fails_within_the_collective_timeout(config, monkeypatch):
     # Rank 1 never reports, so any timeout ends the run the same way: a short one, not the lesson's 15 s of waiting.
     timeout_s = 3

@@ -194,12 +194,14 @@ def test_beyond_the_autoscalers_limits_the_preflight_still_fails_at_once():
     assert "its autoscaler's limits included" in str(error.value) and "COURSE_NUM_WORKERS=4" in str(error.value)
 
 
+@pytest.mark.ray
 def test_this_machine_is_a_fixed_one_node_cluster(course_ray):
     capacity = cluster_capacity()
     assert not capacity.can_grow and not capacity.groups, "a local Ray has no autoscaler"
     assert capacity.nodes == [node["Resources"] for node in ray.nodes()]
 
 
+@pytest.mark.ray
 def test_preflight_on_this_machine_fails_fast_for_64_workers(course_ray):
     started = time.monotonic()
     with pytest.raises(ResourceRequestError, match="64 workers"):
@@ -208,6 +210,7 @@ def test_preflight_on_this_machine_fails_fast_for_64_workers(course_ray):
     check_resources(ScalingConfig(num_workers=int(ray.cluster_resources()["CPU"])))  # a full machine fits
 
 
+@pytest.mark.ray
 def test_the_course_scaling_config_splits_the_cpus_or_takes_a_gpu_each(course_ray):
     cpus = ray.cluster_resources()["CPU"]
     one = course_scaling_config(course_ray, num_workers=1, use_gpu=False)
@@ -230,6 +233,7 @@ def sizing_datasets() -> dict[str, dict]:
             "streaming": {"train": materialized.map_batches(lambda batch: batch), "valid": materialized}}
 
 
+@pytest.mark.ray
 def test_cpus_are_kept_for_ray_data_on_every_gpu_node_only_when_a_dataset_streams(course_ray):
     cases = sizing_datasets()
     sized = {(name, case): plan_workers(load_config({}), capacity=capacity, datasets=datasets)
@@ -270,6 +274,7 @@ def test_cpus_are_kept_for_ray_data_on_every_gpu_node_only_when_a_dataset_stream
                              cases["streaming"], ONE_GPU_16_CPUS)
 
 
+@pytest.mark.ray
 def test_a_cpu_worker_gets_no_loader_process(course_ray):
     from helpers.training import loader_workers
 
@@ -302,12 +307,14 @@ print([ray.get(workers.options(num_cpus=cpus, num_gpus=1).remote()) for cpus in 
     assert out.stdout.strip().splitlines()[-1] == "[0, 0, 1]", out.stderr[-2000:]
 
 
+@pytest.mark.ray
 def test_a_writable_storage_path_passes_and_keeps_no_probe(course_ray, tmp_path):
     target = tmp_path / "new" / "runs"
     assert check_storage_path(str(target)) == str(target) and target.is_dir()
     assert list(target.iterdir()) == []
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("bad", ["/dev/null/runs", "/proc/course-runs"])
 def test_an_unwritable_storage_path_fails_at_once_saying_what_to_set(course_ray, bad):
     started = time.monotonic()
@@ -318,6 +325,7 @@ def test_an_unwritable_storage_path_fails_at_once_saying_what_to_set(course_ray,
     assert "COURSE_STORAGE_PATH" in str(error.value)
 
 
+@pytest.mark.ray
 def test_a_storage_path_other_nodes_do_not_see_fails(course_ray, tmp_path, monkeypatch):
     # On this one machine every task sees the probe; fake a second node that does not.
     monkeypatch.setattr(helpers.cluster, "_nodes_missing", lambda probe: {"ffffffff00000000": "not there"})

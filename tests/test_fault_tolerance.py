@@ -78,6 +78,7 @@ def resumed(runs):
     return fit(*runs, name="worker-failure", max_failures=1, loop=with_failure(train_loop_per_worker, 1, 2, 1))
 
 
+@pytest.mark.ray
 def test_an_injected_failure_resumes_on_the_restored_state(resumed):
     history = read_history(resumed.path)
     # Epoch 0 once; the failure in epoch 1; epoch 1 once, by workers that started at epoch 1. None lost, none repeated.
@@ -89,6 +90,7 @@ def test_an_injected_failure_resumes_on_the_restored_state(resumed):
     assert state["epoch"] == NUM_EPOCHS - 1 and state["optimizer"]["state"], "optimizer state missing"
 
 
+@pytest.mark.ray
 def test_a_loop_that_forgets_the_optimizer_restore_does_not_match(runs, resumed):
     line = "optimizer.load_state_dict(optimizer_state)"  # Adam's running averages start again from zero
     result = fit(*runs, name="forgets-optimizer", max_failures=1, loop=with_failure(without(line), 1, 2, 1))

@@ -29,6 +29,7 @@ from tests.support import FAILS_FAST_S
 LAPTOP = Capacity([{"CPU": 2.0}])
 
 
+@pytest.mark.ray
 def test_per_row_and_per_batch_transforms_give_the_same_tensors(course_ray):
     images = load_mnist(course_ray.data_dir, train=False).data[:16].numpy()
     by_row = np.stack([transform_row({"image": image})["image"] for image in images])
@@ -69,6 +70,7 @@ def test_operator_times_reads_each_operators_tasks_and_total_seconds():
     assert table.loc["RepartitionSplit"].to_dict() == {"tasks": 1, "wall_s": 0.001, "cpu_s": 0.001}
 
 
+@pytest.mark.ray
 def test_parquet_holds_all_of_mnist_and_is_written_only_once(course_ray, mnist_parquet):
     mnist = load_mnist(course_ray.data_dir, train=True)
     train = ray.data.read_parquet(storage.join(mnist_parquet, "train"))
@@ -86,6 +88,7 @@ def test_parquet_holds_all_of_mnist_and_is_written_only_once(course_ray, mnist_p
     assert {path: path.stat().st_mtime_ns for path in copy.parent.rglob("*")} == files, "rewritten"
 
 
+@pytest.mark.ray
 def test_an_interrupted_copy_is_ignored_and_left_as_it_is(course_ray, tmp_path):
     interrupted = Path(write_mnist_parquet(course_ray.data_dir, str(tmp_path)))
     (interrupted / storage.COPY_MARKER).unlink()  # as if stopped before the marker, with a file of the test split
@@ -112,6 +115,7 @@ def test_a_copy_damaged_after_it_was_published_is_named_with_the_folder_to_delet
     assert f"To fix it: delete the folder {copy} once no run reads it" in message
 
 
+@pytest.mark.ray
 def test_the_training_datasets_are_normalised_and_materialized(mnist_parquet):
     datasets = mnist_datasets(mnist_parquet, SMOKE_ROWS)
     assert {name: dataset.count() for name, dataset in datasets.items()} == SMOKE_ROWS
@@ -121,6 +125,7 @@ def test_the_training_datasets_are_normalised_and_materialized(mnist_parquet):
     check_data_resources(ScalingConfig(num_workers=2), datasets, LAPTOP)  # nothing left to compute
 
 
+@pytest.mark.ray
 def test_capped_datasets_hold_the_first_rows_in_file_order(course_ray, mnist_parquet):
     # Without in_file_order(), limit() kept whichever rows finished first: another smoke subset each session
     # (CI once trained on one that reached 73.7% instead of 87.7%).
@@ -132,6 +137,7 @@ def test_capped_datasets_hold_the_first_rows_in_file_order(course_ray, mnist_par
             np.testing.assert_array_equal(labels, expected, err_msg=f"{name}, streaming={streaming}")
 
 
+@pytest.mark.ray
 def test_materialized_datasets_come_in_equal_blocks_that_workers_get_whole(mnist_parquet):
     # One block per dataset made streaming_split(equal=True) cut it with a Ray task every epoch.
     assert NUM_BLOCKS % 8 == 0, "1, 2, 4 or 8 workers should each get whole blocks"
@@ -140,6 +146,7 @@ def test_materialized_datasets_come_in_equal_blocks_that_workers_get_whole(mnist
         assert rows == [SMOKE_ROWS[name] // NUM_BLOCKS] * NUM_BLOCKS, name
 
 
+@pytest.mark.ray
 def test_streaming_datasets_need_a_cpu_beside_the_workers(course_ray, mnist_parquet):
     streaming = mnist_datasets(mnist_parquet, SMOKE_ROWS, materialize=False)
     with pytest.raises(ResourceRequestError) as error:
@@ -154,6 +161,7 @@ def test_streaming_datasets_need_a_cpu_beside_the_workers(course_ray, mnist_parq
     check_data_resources(ScalingConfig(num_workers=2), streaming, Capacity([{"CPU": 2.0}], can_grow=True))
 
 
+@pytest.mark.ray
 def test_the_live_check_fails_at_once_where_fit_would_hang(course_ray, mnist_parquet):
     workers = int(ray.cluster_resources()["CPU"])  # every CPU to training, as a learner's laptop would
     streaming = mnist_datasets(mnist_parquet, SMOKE_ROWS, materialize=False)
@@ -163,6 +171,7 @@ def test_the_live_check_fails_at_once_where_fit_would_hang(course_ray, mnist_par
     assert time.monotonic() - started < FAILS_FAST_S
 
 
+@pytest.mark.ray
 def test_an_impossible_request_fails_before_any_data_work(course_ray, tmp_path):
     started = time.monotonic()
     with pytest.raises(ResourceRequestError, match="asks for 64 workers"):

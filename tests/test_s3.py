@@ -27,6 +27,8 @@ from helpers.runs import load_summary, save_summary
 from helpers.tooling.scripts import print_result
 from helpers.training import evaluate
 
+pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
+
 
 @pytest.fixture(scope="module")
 def on_s3(no_ray, s3_server, small_mnist, tmp_path_factory):

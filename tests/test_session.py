@@ -29,6 +29,7 @@ def ray_setup(no_ray):
         os.environ[PREEMPTION_WATCHER_VAR] = saved
 
 
+@pytest.mark.ray
 def test_setup_starts_ray_prints_the_settings_and_survives_a_rerun(ray_setup, capsys):
     cfg = setup()
     first = capsys.readouterr().out
@@ -52,6 +53,7 @@ def test_setup_starts_ray_prints_the_settings_and_survives_a_rerun(ray_setup, ca
     assert again == cfg
 
 
+@pytest.mark.ray
 def test_workers_get_helpers_and_the_settings_through_the_runtime_env(ray_setup):
     cfg = setup()
 
@@ -82,6 +84,7 @@ def test_workers_get_helpers_and_the_settings_through_the_runtime_env(ray_setup)
     assert env["COURSE_DATA_DIR"] == str(cfg.data_dir) and env["COURSE_STORAGE_PATH"] == str(cfg.storage_path)
 
 
+@pytest.mark.ray
 def test_the_dashboard_answers_only_with_rays_token(ray_setup):
     setup()
     assert dashboard_get("/api/v0/actors", token=False)[0] == 401
@@ -117,6 +120,7 @@ def test_no_token_or_an_explicit_mode_is_left_alone(tmp_path):
         "disabled"
 
 
+@pytest.mark.ray
 def test_setup_drops_ray_datas_cpu_warning_only_when_cpus_come_back(ray_setup, caplog):
     """Ray Data (ray/data/dataset.py, logger "ray.data.dataset") warns that a dataset "will hang" when it starts with no
     free CPU. setup() drops that message when a CPU is free again within seconds (a finished fit() handing its CPUs
@@ -146,6 +150,7 @@ def test_setup_drops_ray_datas_cpu_warning_only_when_cpus_come_back(ray_setup, c
     assert CPU_RACE_WAIT_S <= waited < CPU_RACE_WAIT_S + FAILS_FAST_S, "it waits CPU_RACE_WAIT_S, then stops waiting"
 
 
+@pytest.mark.ray
 def test_workers_know_their_cluster_and_keep_the_routine_cleanup_warning_out(ray_setup):
     setup()
 
@@ -167,6 +172,7 @@ def test_workers_know_their_cluster_and_keep_the_routine_cleanup_warning_out(ray
     assert "ignore:The given NumPy array is not writable:UserWarning" in warning_filters
 
 
+@pytest.mark.ray
 def test_a_worker_that_inherits_ray_address_local_names_its_cluster_instead(ray_setup, monkeypatch):
     # A kernel started with RAY_ADDRESS=local (a local Ray beside a dead recorded cluster) hands the word to its
     # workers; Ray's State API there would look the cluster up again, by the machine's GCS processes.

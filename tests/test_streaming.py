@@ -150,6 +150,7 @@ def _read_ids(folder: str) -> np.ndarray:
     return np.sort(ray.data.read_parquet(folder).select_columns(["id"]).to_pandas()["id"].to_numpy())
 
 
+@pytest.mark.ray
 def test_the_dataset_is_written_once_with_about_the_requested_bytes(course_ray, tmp_path):
     folder = synthetic_folder(str(tmp_path), TINY_GB)
     root = synthetic_path(str(tmp_path), TINY_GB)
@@ -167,6 +168,7 @@ def test_the_dataset_is_written_once_with_about_the_requested_bytes(course_ray, 
     assert {path: path.stat().st_mtime_ns for path in Path(root).rglob("*")} == files, "rewritten"
 
 
+@pytest.mark.ray
 def test_a_copy_of_images_in_the_old_layout_is_left_alone_and_another_written(course_ray, tmp_path):
     old = Path(synthetic_folder(str(tmp_path), TINY_GB))
     marker = json.loads((old / COMPLETE_MARKER).read_text())
@@ -179,6 +181,7 @@ def test_a_copy_of_images_in_the_old_layout_is_left_alone_and_another_written(co
     assert "image_type" not in json.loads((old / COMPLETE_MARKER).read_text()), "another run may still read it"
 
 
+@pytest.mark.ray
 def test_an_incomplete_copy_is_ignored_and_left_as_it_is(course_ray, tmp_path):
     root = Path(synthetic_path(str(tmp_path), TINY_GB))
     leftover = root / "20250101T000000.000000Z-0123abcd"  # as `storage.write_once` names a copy
@@ -304,6 +307,7 @@ def _operators(stats: str) -> dict[str, int]:
                                                            re.MULTILINE)}
 
 
+@pytest.mark.ray
 def test_a_read_task_packs_at_most_read_task_bytes_of_files(four_files):
     names = (ray_internals.PARQUET_READ_TASK_BYTES_VAR, ray_internals.PARQUET_FOOTER_ACTORS_VAR)
     before = {name: os.environ.get(name) for name in names}  # CI sets the footer actors (.ci/run)
@@ -315,6 +319,7 @@ def test_a_read_task_packs_at_most_read_task_bytes_of_files(four_files):
     assert tasks == [2, 1]
 
 
+@pytest.mark.ray
 def test_the_stream_reads_and_normalises_in_one_task_and_keeps_every_row(four_files):
     dataset = streaming_dataset(four_files).materialize()
     assert list(_operators(dataset.stats())) == ["ListFiles", "ReadFilesParquetV2->MapBatches(normalize_images)"]
@@ -332,6 +337,7 @@ def _hold_64_mib(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"x": batch["id"] * 2, "kib": held[: len(batch["id"]) * 1024].reshape(-1, 1024)}
 
 
+@pytest.mark.ray
 def test_memory_peaks_see_this_clusters_processes_and_its_object_store(course_ray):
     # A process titled like a Ray Data task, outside this cluster (as another user's Ray would be): not counted.
     stranger = subprocess.Popen(["bash", "-c", 'exec -a "ray::ReadFilesParquetV2" sleep 60'])

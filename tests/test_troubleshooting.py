@@ -40,6 +40,7 @@ def one_cpu_ray(no_ray):
     ray.shutdown()
 
 
+@pytest.mark.ray
 def test_iterator_times_from_a_real_shard_iterator_add_up_over_epochs(one_cpu_ray):
     shard = ray.data.range(400, override_num_blocks=4).streaming_split(1)[0]  # what get_dataset_shard returns
     history = []
