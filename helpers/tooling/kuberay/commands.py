@@ -3,11 +3,10 @@ Kubernetes cluster when one is set up (COURSE_KUBERNETES=1)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any
 
-from helpers.config import REPO_ROOT, load_dotenv_file
+from helpers.config import REPO_ROOT, load_config, load_dotenv_file
 from helpers.tooling.kuberay.course import course_image_tag, dockerfile_errors
 from helpers.tooling.kuberay.helm import helm_template
 from helpers.tooling.kuberay.reference import DEPLOY_DIR, ManifestError, load_manifest
@@ -75,7 +74,7 @@ def check_deploy_folder() -> None:
 def kubernetes_enabled() -> bool:
     """Whether lesson 08 runs its cluster commands: COURSE_KUBERNETES=1, against kubectl's current context."""
     load_dotenv_file()
-    return os.environ.get("COURSE_KUBERNETES", "").strip().lower() in ("1", "true", "yes", "on")
+    return load_config().kubernetes
 
 
 def on_cluster(command: str, timeout: float = 900) -> None:

@@ -3,7 +3,6 @@ manifests in deploy/kuberay/."""
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from functools import cache
 from pathlib import Path
@@ -42,11 +41,12 @@ class KubeRayReferenceError(FileNotFoundError):
 def reference_dir() -> Path:
     """The folder with KubeRay's CRDs and the ray-cluster chart (COURSE_KUBERAY_DIR), downloaded if missing.
 
-    Default: <data dir>/kuberay-v1.7.0. Offline machines point COURSE_KUBERAY_DIR at a copy (CI: ../shared/kuberay).
+    Default: <data dir>/kuberay-v1.7.0. Offline machines point COURSE_KUBERAY_DIR at a copy (CI: ../shared/kuberay);
+    read by `load_config` (CourseConfig.kuberay_dir), a relative path from the repository root as COURSE_DATA_DIR.
     """
     load_dotenv_file()
-    raw = os.environ.get("COURSE_KUBERAY_DIR", "").strip()
-    folder = Path(raw).expanduser() if raw else load_config().data_dir / f"kuberay-v{KUBERAY_VERSION}"
+    cfg = load_config()
+    folder = cfg.kuberay_dir or cfg.data_dir / f"kuberay-v{KUBERAY_VERSION}"
     missing = [name for name in REFERENCE_FILES if not (folder / name).is_file()]
     if missing:
         download_reference(folder, missing)
