@@ -37,12 +37,14 @@ lab: install
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
 
 # The lint step (each tool configured in pyproject.toml): ruff; deptry, every import declared and every declared package
-# used, then no import in helpers/ or the lessons of a package that only the `test` extra installs; mypy over helpers/.
+# used, then no import in helpers/ or the lessons of a package that only the `test` extra installs; mypy over helpers/;
+# lint-imports, the layers of helpers/ (drivers above lesson modules above the foundation: no import runs back up).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/deptry .
 	$(BIN)/deptry helpers notebooks --optional-dependencies-dev-groups test --ignore DEP001,DEP002,DEP003
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 test-fast: lint
 	$(BIN)/python -m pytest tests -m "not ray and not notebook" $(PYTEST_ARGS)

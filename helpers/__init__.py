@@ -2,6 +2,37 @@
 
 Notebooks start with `from helpers import setup; cfg = setup()`. The modules here are the ones lessons import or
 show; `helpers.tooling` holds the code the course runs but does not teach.
+
+Which lesson imports which module (besides `setup` from this package; lesson 07 also ships the whole package to its
+jobs). tests/test_lesson_map.py fails when a lesson imports a module its row does not list, or no longer imports one
+it lists:
+
+    00_ray_core                           exercises
+    01_single_gpu_pytorch                 data, display, exercises, models, plots, runs, storage, training
+    02_ray_train_ddp                      cluster, data, exercises, models, plots, runs, training
+    03_ray_data_ingest                    cluster, data, display, exercises, ingest, models, plots, runs, storage,
+                                          tooling.bench, training
+    04_checkpoints_and_results            display, exercises, inference, ingest, models, plots, results, runs
+    05_fault_tolerance                    exercises, fault_tolerance, ingest, models, results, runs
+    06_observability_and_troubleshooting  cluster, display, exercises, ingest, models, runs, session, storage,
+                                          troubleshooting
+    07_ray_jobs                           data, exercises, storage, tooling.local_cluster
+    08_kuberay                            exercises, tooling.kuberay
+    09_capstone_cifar10_vit               capstone, cifar, cluster, display, exercises, ingest, plots, runs, storage,
+                                          training
+    10_performance                        cifar, cluster, config, display, exercises, models, plots, profiling, runs,
+                                          storage, streaming, tooling.bench
+    11_hyperparameter_search              cluster, display, exercises, fault_tolerance, inference, ingest, plots, runs,
+                                          storage, tuning
+    train_ray_ddp.py                      cluster, config, ddp, results, runs, session, tooling.scripts
+    train_ray_ddp_with_ray_data.py        cluster, config, fault_tolerance, ingest, results, runs, session,
+                                          tooling.scripts
+    train_streaming.py                    cluster, config, runs, session, streaming, tooling.memory, tooling.scripts
+    tune_ray_ddp.py                       cluster, config, ingest, runs, session, storage, tooling.scripts, tuning
+
+The scripts (notebooks/*.py) are the training runs lessons start from a cell or submit as jobs. Below the lesson
+modules, every layer may use config, storage, auth, logs and tooling.ray_internals; the rest of helpers.tooling drives lessons and sits above them
+(pyproject.toml's import contract, `lint-imports`).
 """
 
 from helpers.config import ConfigError, CourseConfig, load_config

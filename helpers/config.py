@@ -47,6 +47,11 @@ class CourseConfig:
     accelerator_type: str | None
     #: RAY_ADDRESS as given; in what `setup()` returns, the cluster the kernel joined (None: it started a local Ray).
     ray_address: str | None
+    #: Lesson 08, read in this process only (not handed to workers): the folder with KubeRay's CRDs and chart
+    #: (COURSE_KUBERAY_DIR; None: <data dir>/kuberay-v<version>, downloaded), and whether its cluster commands run
+    #: against kubectl's current context (COURSE_KUBERNETES=1).
+    kuberay_dir: Path | None = None
+    kubernetes: bool = False
 
     @property
     def mode(self) -> str:
@@ -174,6 +179,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> CourseConfig:
         cpus_per_worker=_positive(env, "COURSE_CPUS_PER_WORKER", float, "a number of CPUs > 0, e.g. 2 or 0.5"),
         accelerator_type=_accelerator(env, "COURSE_ACCELERATOR_TYPE"),
         ray_address=env.get("RAY_ADDRESS", "").strip() or None,
+        kuberay_dir=_path(env, "COURSE_KUBERAY_DIR", Path()) if env.get("COURSE_KUBERAY_DIR", "").strip() else None,
+        kubernetes=_bool(env, "COURSE_KUBERNETES", default=False),
     )
 
 

@@ -1,8 +1,11 @@
-"""`setup()`: the one line at the top of every notebook."""
+"""`setup()`: the one line at the top of every notebook, and where Ray runs: a local Ray or a cluster (`start_ray`).
+
+Token authentication is in helpers.auth, log levels and warning filters in helpers.logs; the names that lived here
+before stay importable from here (the `import X as X` lines).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -11,13 +14,20 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import helpers
+from helpers.auth import DEFAULT_TOKEN_FILE as DEFAULT_TOKEN_FILE
+from helpers.auth import TOKEN_VARS as TOKEN_VARS
+from helpers.auth import send_token_if_given, token_auth_state
+from helpers.auth import token_source as token_source
 from helpers.config import ConfigError, CourseConfig, load_config, load_dotenv_file
+from helpers.logs import CPU_RACE_WAIT_S as CPU_RACE_WAIT_S
+from helpers.logs import RAY_INTERNAL_WARNINGS as RAY_INTERNAL_WARNINGS
+from helpers.logs import WORKER_ENV_DEFAULTS, quiet_driver_logs, quiet_worker_loggers, worker_warning_filters
+from helpers.logs import logger_level as logger_level
 from helpers.tooling import ray_internals
 
 #: The dashboard (and the Jobs API behind it) listens on loopback only.
@@ -28,44 +38,11 @@ PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _dashboard_url: str | None = None
 
 
-#: Warnings Ray's own code raises in worker processes, about nothing the learner wrote or can change: Ray Train
-#: 2.60 sets a deprecated Ray Data option itself, and every Ray Data-fed fit() printed this warning; and Ray Data's
-#: `iter_torch_batches` hands torch a read-only view of a block when a batch lies within one block (small datasets,
-#: lesson 11), and torch warns that the array is not writable (ray/data/util/torch_utils.py).
-RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is deprecated:DeprecationWarning",
-                         "ignore:The given NumPy array is not writable:UserWarning")
-
-
 def quiet_worker_logs() -> None:
-    """Run by Ray in every worker process it starts: Ray's per-epoch info lines stay in its log files.
-
-    Ray Train's workers log every `report` as a "Reporting training result ..." line with the whole metrics dict,
-    Ray Data warns, once per process, that its progress bars are off (`setup()` turns them off: they change
-    on every run), and Ray Train's placement group cleaner warns each time it frees a stopped run's resources.
-    Other warnings and errors still reach the notebook. The worker also learns its cluster's address.
-    """
-    logging.getLogger(ray_internals.ray_train_report_logger()).setLevel(logging.WARNING)
-    logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
-    logging.getLogger(ray_internals.TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER).addFilter(_not_a_routine_cleanup)
+    """Run by Ray in every worker process it starts: Ray's per-epoch info lines stay in its log files
+    (`helpers.logs.quiet_worker_loggers`), and the worker learns its cluster's address (`name_this_cluster`)."""
+    quiet_worker_loggers()
     name_this_cluster()
-
-
-@contextlib.contextmanager
-def logger_level(name: str, level: int) -> Iterator[None]:
-    """Inside: the logger `name` keeps records below `level` out; its own level comes back afterwards."""
-    logger = logging.getLogger(name)
-    before = logger.level
-    logger.setLevel(level)
-    try:
-        yield
-    finally:
-        logger.setLevel(before)
-
-
-def _not_a_routine_cleanup(record: logging.LogRecord) -> bool:
-    """False for Ray Train's routine warning that it frees the resources of a run whose controller ended: Ray Tune
-    ends the controller of every trial it stops (lesson 11). A failed cleanup still reaches the notebook."""
-    return not record.getMessage().startswith(ray_internals.TRAIN_PLACEMENT_GROUP_CLEANUP)
 
 
 def name_this_cluster() -> None:
@@ -84,13 +61,6 @@ def name_this_cluster() -> None:
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
-#: Set in every worker unless your environment sets them. RAY_DATA_LOG_LEVEL: Ray Data's info lines (each pass over a
-#: dataset shard logs its start, its plan and its end, every epoch) stay out of the notebook and out of its log files.
-#: RAY_TRAIN_ENABLE_PRINT_PATCH: with Ray Train's print patch on, a print() in the training loop reaches the
-#: notebook twice, once as output and once as a log record. KINETO_LOG_LEVEL: torch.profiler's library (Kineto) logs
-#: every profiler start and stop to stderr, and torch's CUDA build without a GPU adds "gpuGetDeviceCount failed";
-#: 6 is above its highest level (set 4 on a GPU to see Kineto's errors).
-WORKER_ENV_DEFAULTS = {"RAY_DATA_LOG_LEVEL": "WARNING", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "KINETO_LOG_LEVEL": "6"}
 #: Passed on to every worker when set in this process: the callbacks Ray Train builds at each fit() (read in whichever
 #: process calls it: a Tune trial, a job's driver) and the file the course's run recorder writes
 #: (helpers.tooling.run_recorder, which the GPU lane sets).
@@ -112,12 +82,11 @@ def runtime_env(cfg: CourseConfig) -> dict:
     Inside a submitted job, what the job's own runtime env sets wins: `ray.init` refuses to merge two runtime
     envs that set the same field or the same variable, and the job's values are already this process's.
     """
-    warning_filters = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), *RAY_INTERNAL_WARNINGS]))
     ours: dict[str, Any] = {
         "py_modules": [str(Path(helpers.__file__).parent)],
         "env_vars": {**{name: os.environ.get(name, value) for name, value in WORKER_ENV_DEFAULTS.items()},
                      **{name: os.environ[name] for name in PASSED_ON if os.environ.get(name)},
-                     **cfg.as_env(), "PYTHONWARNINGS": warning_filters},
+                     **cfg.as_env(), "PYTHONWARNINGS": worker_warning_filters()},
         "worker_process_setup_hook": f"{__name__}.{quiet_worker_logs.__name__}"}
     job = job_runtime_env()
     if job is None:
@@ -127,57 +96,6 @@ def runtime_env(cfg: CourseConfig) -> dict:
         merged.pop("worker_process_setup_hook", None)
     merged["env_vars"] = {name: value for name, value in ours["env_vars"].items() if name not in job.get("env_vars", {})}
     return merged
-
-
-#: Where Ray reads a cluster's token from, in its order (Ray 2.60: ray/_private/authentication/).
-TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
-
-
-def token_source() -> str | None:
-    """Where this process would read Ray's token from: a variable, or the default file; None when it has none."""
-    for name in TOKEN_VARS:
-        if os.environ.get(name, "").strip():
-            return name
-    return str(DEFAULT_TOKEN_FILE) if DEFAULT_TOKEN_FILE.expanduser().is_file() else None
-
-
-def send_token_if_given() -> bool:
-    """Before joining a cluster: send Ray's token when one is given, by setting RAY_AUTH_MODE=token.
-
-    Ray sends the token only with RAY_AUTH_MODE=token in the joining process's environment; with
-    RAY_AUTH_TOKEN alone, a cluster with token auth refuses the connection. An explicit RAY_AUTH_MODE wins.
-    Returns whether this process now sends the token.
-    """
-    mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
-    if mode:
-        return mode == "token"
-    if token_source() is None:
-        return False
-    ray_internals.enable_token_auth()  # what Ray itself does for a local cluster: RAY_AUTH_MODE=token, config reloaded
-    return True
-
-
-def _token_required() -> bool:
-    """True when the Ray node running this code enforces token authentication (read inside a Ray worker)."""
-    return ray_internals.token_auth_enabled()
-
-
-def token_auth_state(joined: bool) -> str:
-    """The cluster's token authentication, as Ray reports it: on the cluster's side when this kernel joined one.
-
-    A local Ray runs with this process's mode. A joined cluster is asked by a small task on one of its nodes:
-    this kernel sending a token does not mean the cluster requires one.
-    """
-    import ray
-
-    if joined:
-        required = ray.get(ray.remote(num_cpus=0)(_token_required).remote(), timeout=120)
-    else:
-        required = ray_internals.token_auth_enabled()
-    if not required:
-        return "OFF: anyone who reaches the cluster's ports can run code on it (see the README, Security defaults)"
-    return f"on: Ray requires its token (this kernel's from {token_source()})"
 
 
 #: RAY_ADDRESS=local: always start a local Ray, also where `ray start` recorded a cluster (Ray's `ray.init("local")`).
@@ -297,40 +215,8 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
     # Ray Train asks this actor for resources on every fit() and waits 5 s for its answer: started now, in the
     # background, the first fit() of the session does not time out while it starts (see helpers.cluster).
     ray_internals.autoscaling_coordinator()
-    # From here on, Ray's warnings (not its info chatter) reach the notebook. Ray Data has its own
-    # logger, and progress bars that change on every run: `ds.stats()` tells the same story after the fact.
-    import ray.data  # noqa: F401  (its import configures its loggers: set the levels after it)
-
-    logging.getLogger("ray").setLevel(logging.WARNING)
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)  # "Progress bars disabled"
-    logging.getLogger("ray.data.dataset").addFilter(_drop_cpu_race_warning)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    quiet_driver_logs()  # from here on, Ray's warnings (not its info chatter) reach the notebook
     return time.perf_counter() - started
-
-
-#: How long `_drop_cpu_race_warning` waits for a CPU to come back before it lets Ray Data's warning through.
-CPU_RACE_WAIT_S = 5.0
-
-
-def _drop_cpu_race_warning(record: logging.LogRecord) -> bool:
-    """Keep Ray Data's "no available CPUs" warning out when it is a race, not a shortage.
-
-    Ray Data warns that "the Ray cluster currently does not have any available CPUs" and that the dataset "will hang"
-    when a dataset starts in this process (`materialize()`, `take_batch()`) while the workers of a `fit()` that just
-    returned are still handing their CPUs back. If a CPU is free within `CPU_RACE_WAIT_S`, that was the race and the
-    warning is dropped; otherwise it is a real shortage and the warning reaches the notebook.
-    """
-    import ray
-
-    if "does not have any available CPUs" not in record.getMessage():
-        return True
-    deadline = time.monotonic() + CPU_RACE_WAIT_S
-    while time.monotonic() < deadline:
-        if ray.available_resources().get("CPU", 0) > 0:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def setup(start: bool = True) -> CourseConfig:

@@ -44,7 +44,7 @@ from helpers.cluster import (
 )
 from helpers.config import CourseConfig
 from helpers.fault_tolerance import train_loop_per_worker
-from helpers.session import logger_level
+from helpers.logs import logger_level
 from helpers.tooling import ray_internals
 
 #: What each trial's driver reserves: no CPU, since it only waits for its Ray Train run, and some memory, since Tune

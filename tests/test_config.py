@@ -115,6 +115,17 @@ def test_as_env_round_trips(tmp_path):
     assert load_config(with_accelerator.as_env()) == with_accelerator
 
 
+def test_lesson_08s_settings_are_read_with_the_others(tmp_path):
+    unset = load_config({})
+    assert (unset.kuberay_dir, unset.kubernetes) == (None, False)
+    cfg = load_config({"COURSE_KUBERAY_DIR": str(tmp_path), "COURSE_KUBERNETES": "1"})
+    assert (cfg.kuberay_dir, cfg.kubernetes) == (tmp_path.resolve(), True)
+    assert load_config({"COURSE_KUBERAY_DIR": "kuberay"}).kuberay_dir == REPO_ROOT / "kuberay"  # as COURSE_DATA_DIR
+    with pytest.raises(ConfigError, match="COURSE_KUBERNETES='maybe' is not valid"):
+        load_config({"COURSE_KUBERNETES": "maybe"})
+    assert "COURSE_KUBERAY_DIR" not in cfg.as_env(), "read where lesson 08 runs, not in Ray's workers"
+
+
 @pytest.fixture
 def environ_restored():
     """python-dotenv writes what it loads into os.environ, where monkeypatch does not see it: put os.environ back

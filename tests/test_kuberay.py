@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -51,7 +52,7 @@ def test_a_broken_chart_values_file_fails_with_helm_s_message(tmp_path):
 
 
 def test_without_helm_the_error_says_how_to_install_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(kuberay.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(kuberay.HelmNotFoundError, match="run `make install`"):
         kuberay.helm_binary()
@@ -281,7 +282,7 @@ def test_a_dockerfile_on_another_ray_fails():
 
 def test_missing_reference_files_fail_fast_with_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_KUBERAY_DIR", str(tmp_path / "none"))
-    monkeypatch.setattr(kuberay, "RELEASE_URL", "http://127.0.0.1:9/")  # nothing listens: like being offline
+    monkeypatch.setattr(kuberay.reference, "RELEASE_URL", "http://127.0.0.1:9/")  # nothing listens: like being offline
     start = time.monotonic()
     with pytest.raises(kuberay.KubeRayReferenceError, match="set COURSE_KUBERAY_DIR to it"):
         kuberay.reference_dir()
@@ -303,7 +304,7 @@ def test_reference_files_are_downloaded_when_missing(tmp_path, monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setenv("COURSE_KUBERAY_DIR", str(tmp_path / "kuberay"))
-        monkeypatch.setattr(kuberay, "RELEASE_URL", f"http://127.0.0.1:{server.server_port}/")
+        monkeypatch.setattr(kuberay.reference, "RELEASE_URL", f"http://127.0.0.1:{server.server_port}/")
         folder = kuberay.reference_dir()
     finally:
         server.shutdown()
@@ -318,3 +319,9 @@ def test_cluster_commands_are_skipped_without_a_cluster_and_run_with_one(monkeyp
     monkeypatch.setenv("COURSE_KUBERNETES", "1")
     kuberay.on_cluster("echo ran")
     assert capfd.readouterr().out == "$ echo ran\nran\n"
+
+
+def test_the_install_step_runs_as_a_module():
+    # `make install` runs `python -m helpers.tooling.kuberay --install-helm`; anything else prints the usage.
+    done = subprocess.run([sys.executable, "-m", "helpers.tooling.kuberay"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "usage: python -m helpers.tooling.kuberay --install-helm" in done.stderr

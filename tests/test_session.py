@@ -194,3 +194,15 @@ def test_logger_level_keeps_lower_records_out_inside_and_restores_the_level(capl
         logger.error("let through")
     assert [record.getMessage() for record in caplog.records] == ["let through"]
     assert logger.level == logging.INFO
+
+
+def test_what_lessons_scripts_and_tests_import_from_session_stays_there_after_the_split():
+    """helpers.auth and helpers.logs were part of helpers.session: every name it had stays importable from it."""
+    from helpers import auth, logs, session
+
+    for name in ("DEFAULT_TOKEN_FILE", "TOKEN_VARS", "send_token_if_given", "token_auth_state", "token_source"):
+        assert getattr(session, name) is getattr(auth, name)
+    for name in ("CPU_RACE_WAIT_S", "RAY_INTERNAL_WARNINGS", "WORKER_ENV_DEFAULTS", "logger_level"):
+        assert getattr(session, name) is getattr(logs, name)
+    # Ray imports the hook by this name in every worker it starts.
+    assert session.runtime_env(load_config({}))["worker_process_setup_hook"] == "helpers.session.quiet_worker_logs"

@@ -17,8 +17,10 @@ from typing import Any
 import psutil
 import ray
 
-from helpers.streaming import MIB
 from helpers.tooling import ray_internals
+
+#: Bytes in a MiB (the unit of every size reported here).
+MIB = 2**20
 
 #: Kinds of process the samplers tell apart, by process title (Ray sets each worker's title to what it runs).
 DRIVER, TRAIN_WORKER, DATA, OTHER = "driver", "train_worker", "data", "other"
