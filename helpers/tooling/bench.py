@@ -52,6 +52,7 @@ from helpers.config import REPO_ROOT, load_config, load_dotenv_file
 from helpers.data import load_mnist
 from helpers.models import resnet18_mnist
 from helpers.tooling import ray_internals
+from helpers.tooling.flags import positive
 from helpers.training import seed_everything
 
 T = TypeVar("T")
@@ -524,8 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m helpers.tooling.bench", description=__doc__.split("\n")[0])
     parser.add_argument("parts", nargs="*", default=[], metavar="PART",
                         help=f"any of {', '.join(PARTS)} (default: all)")
-    parser.add_argument("--rounds", type=int, default=None, help=f"rounds per part (default {ROUNDS}; --quick: 1)")
-    parser.add_argument("--num-workers", type=int, default=2, help="the N of N workers, compared with 1 (default 2)")
+    parser.add_argument("--rounds", type=positive(), default=None, help=f"rounds per part (default {ROUNDS}; --quick: 1)")
+    parser.add_argument("--num-workers", type=positive(int, 2, ": the N compared with 1 worker"), default=2,
+                        help="the N of N workers, compared with 1 (default 2)")
     parser.add_argument("--quick", action="store_true", help="one short round of everything: checks, no verdicts")
     parser.add_argument("--json", type=Path, default=None, help="also write the report to this file")
     return parser
@@ -537,10 +539,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_intermixed_args(argv)
     if unknown := sorted(set(args.parts) - set(PARTS)):
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
-    if args.rounds is not None and args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    if args.num_workers < 2:
-        parser.error("--num-workers is the N compared with 1 worker: at least 2")
     args.parts = [part for part in PARTS if part in args.parts] or list(PARTS)
     return args
 
