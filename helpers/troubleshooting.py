@@ -10,12 +10,13 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import torch
+
+from helpers.system import wait_until
 
 #: The lines of a Ray Data iterator's `stats()` that `iterator_times` reads, by the key it returns them under.
 ITERATOR_LINES = {
@@ -94,22 +95,21 @@ def wait_until_in(run_name: str, rank: int, function: str, timeout_s: float = 30
     Returns the run's workers by rank, as `run_workers` does. Raises TimeoutError after `timeout_s`, and RuntimeError
     at once if the rank's process ends first (the run finished or failed before reaching `function`).
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def reached() -> list[dict] | None:
         workers = run_workers(run_name)
-        if len(workers) > rank:
-            pid = workers[rank]["pid"]
-            try:
-                frames = training_thread(worker_stack(pid))
-            except RuntimeError:
-                if not Path(f"/proc/{pid}").exists():
-                    raise RuntimeError(f"rank {rank} of {run_name} ended before it reached {function}()") from None
-                frames = []  # py-spy could not read it this time: try again
-            if any(frame.startswith(f"{function} (") for frame in frames):
-                return workers
-        time.sleep(1)
-    raise TimeoutError(f"rank {rank} of {run_name} did not reach {function}() in {timeout_s:.0f} s; is "
-                       "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set (run_workers needs it)?")
+        if len(workers) <= rank:
+            return None
+        pid = workers[rank]["pid"]
+        try:
+            frames = training_thread(worker_stack(pid))
+        except RuntimeError:
+            if not Path(f"/proc/{pid}").exists():
+                raise RuntimeError(f"rank {rank} of {run_name} ended before it reached {function}()") from None
+            return None  # py-spy could not read it this time: try again
+        return workers if any(frame.startswith(f"{function} (") for frame in frames) else None
+
+    return wait_until(reached, timeout_s, 1, what=f"rank {rank} of {run_name} reaching {function}() (is "
+                      "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set? run_workers needs it)")
 
 
 # --- Lab D: memory ---------------------------------------------------------------------------------------------
