@@ -299,8 +299,7 @@ class WorkerReports(UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         run_config = run_context.get_run_config()
         path = storage.join(run_path(run_config.storage_path, run_config.name), self.FILE)
-        before = storage.read_text(path) if storage.is_file(path) else ""  # object stores cannot append: rewrite
-        storage.write_text(path, before + json.dumps(metrics) + "\n")
+        storage.append_line(path, json.dumps(metrics))
 
 
 def read_worker_reports(result: ray.train.Result) -> list[list[dict[str, Any]]]:
