@@ -16,32 +16,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from helpers.data_stats import ITERATOR_LINES as ITERATOR_LINES  # lesson 06 (and its tests) import them from here
+from helpers.data_stats import iterator_times as iterator_times
 from helpers.system import wait_until
-
-#: The lines of a Ray Data iterator's `stats()` that `iterator_times` reads, by the key it returns them under.
-ITERATOR_LINES = {
-    "total_s": "Total time overall",
-    "initialize_s": "Total time in Ray Data iterator initialization code",
-    "blocked_s": "Total time user thread is blocked by Ray Data iter_batches",
-    "first_batch_s": "Total time spent waiting for the first batch after starting iteration",
-    "user_s": "Total execution time for user thread",
-}
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-
-
-def iterator_times(stats: str) -> dict[str, float]:
-    """Seconds from a Ray Data iterator's `stats()` text: total, initialization, blocked, first batch, user code.
-
-    Ray Data prints these times as text ("9.12s", "101.97ms") and leaves out a line whose time is still 0: such
-    a key is 0.0 here. A shard iterator's times add up over every pass (epoch) made with it so far.
-    """
-    times = dict.fromkeys(ITERATOR_LINES, 0.0)
-    for key, label in ITERATOR_LINES.items():
-        found = re.search(rf"{re.escape(label)}: ([\d.]+)(us|ms|s)\b", stats)
-        if found:
-            times[key] = float(found.group(1)) * _UNITS[found.group(2)]
-    return times
-
 
 # --- Lab A: the stack of each rank ---------------------------------------------------------------------------
 
