@@ -18,6 +18,7 @@ import torch
 
 from helpers.data_stats import ITERATOR_LINES as ITERATOR_LINES  # lesson 06 (and its tests) import them from here
 from helpers.data_stats import iterator_times as iterator_times
+from helpers.rounds import ranges_verdict
 from helpers.system import wait_until
 
 # --- Lab A: the stack of each rank ---------------------------------------------------------------------------
@@ -145,9 +146,6 @@ def compare_rounds(rounds: pd.DataFrame, baseline: str, value: str = "waiting sh
     stats = rounds.groupby("condition", sort=False)[value].agg(["median", "min", "max"])
     low, high = stats.loc[baseline, "min"], stats.loc[baseline, "max"]
     stats["change vs " + baseline] = stats["median"] - stats.loc[baseline, "median"]
-    stats["verdict"] = [
-        "baseline" if name == baseline
-        else ("measured: lower" if row["max"] < low else "measured: higher" if row["min"] > high
-              else "no measurable difference")
-        for name, row in stats.iterrows()]
+    stats["verdict"] = ["baseline" if name == baseline else ranges_verdict(row["min"], row["max"], low, high)
+                        for name, row in stats.iterrows()]
     return stats

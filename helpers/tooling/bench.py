@@ -51,6 +51,12 @@ from torch.utils.data import DataLoader
 from helpers.config import REPO_ROOT, load_config, load_dotenv_file
 from helpers.data import load_mnist
 from helpers.models import resnet18_mnist
+from helpers.rounds import compare as compare
+from helpers.rounds import rotated as rotated
+from helpers.rounds import run_rounds as run_rounds
+from helpers.rounds import spread as spread
+from helpers.rounds import spread_text
+from helpers.rounds import verdict as verdict
 from helpers.tooling import ray_internals
 from helpers.tooling.flags import positive
 from helpers.training import seed_everything
@@ -72,50 +78,6 @@ QUICK_DEVICE_STEPS = (2, 1)
 
 
 # ---- rounds, spreads and verdicts -------------------------------------------------------------------------------
-
-def spread(values: Iterable[float]) -> dict:
-    """Median, min and max of one figure over the rounds, and the rounds' values."""
-    values = [float(v) for v in values]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
-
-
-def verdict(ratios: list[float]) -> str:
-    """What the rounds say about `a / b`: a direction only when every round agrees (and there are 3 or more)."""
-    if len(ratios) < 3:
-        return f"no verdict from {len(ratios)} round(s)"
-    if min(ratios) > 1:
-        return "faster in every round"
-    if max(ratios) < 1:
-        return "slower in every round"
-    return "no measurable difference"
-
-
-def compare(runs: dict[str, list[float]], a: str, b: str) -> dict:
-    """`a` against `b`: the ratio of their figures within each round, its spread, and the verdict."""
-    ratios = [x / y for x, y in zip(runs[a], runs[b], strict=True)]
-    return {"a": a, "b": b, "ratio": spread(ratios), "verdict": verdict(ratios)}
-
-
-def rotated(variants: list, round_index: int) -> list:
-    """The variants in the order round `round_index` runs them: each round starts one further along."""
-    shift = round_index % len(variants)
-    return variants[shift:] + variants[:shift]
-
-
-def run_rounds(variants: dict[str, Callable[[], T]], rounds: int, warmup: bool = False) -> dict[str, list[T]]:
-    """Run every variant once per round, in rotated order; what each variant returned per round, in round order.
-
-    `warmup` first runs the first variant once and drops it: the process' one-off costs (allocator, kernel
-    choice, first imports) then do not land on round 1's first variant.
-    """
-    if warmup:
-        next(iter(variants.values()))()
-    runs: dict[str, list] = {name: [] for name in variants}
-    for round_index in range(rounds):
-        for name in rotated(list(variants), round_index):
-            runs[name].append(variants[name]())
-    return runs
-
 
 def machine(argv: list[str] | None = None) -> dict:
     """What the figures were measured on, stored with them."""
@@ -491,11 +453,11 @@ def format_report(report: dict) -> str:
         figures.update({name: value for name, value in report[part].get("limits", {}).items()})
         for name, value in figures.items():
             unit = "" if name in report[part].get("limits", {}) else " images/s"
-            lines.append(f"{name:<32}{value['median']:>10.1f}{unit}  ({value['min']:.1f}-{value['max']:.1f})")
+            lines.append(f"{name:<32} {spread_text(value, 1, unit)}")
         for comparison in report[part]["comparisons"]:
             ratio = comparison["ratio"]
-            lines.append(f"{comparison['a'] + ' / ' + comparison['b']:<58}{ratio['median']:.3f}x "
-                         f"({ratio['min']:.3f}-{ratio['max']:.3f}): {comparison['verdict']}")
+            lines.append(f"{comparison['a'] + ' / ' + comparison['b']:<58}{spread_text(ratio, 3, 'x')}: "
+                         f"{comparison['verdict']}")
     return "\n".join(lines)
 
 
