@@ -31,10 +31,11 @@ from helpers.data import check_parquet_copy, load_mnist, mnist_transform
 from helpers.data_stats import operator_times as operator_times  # lesson 03 imports it from here
 from helpers.models import resnet18_mnist
 from helpers.session import logger_level
+from helpers.sizes import SIZES
 from helpers.training import seed_everything
 
 #: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 15 steps of 128 images, 1000 to validate.
-SMOKE_ROWS = {"train": 1920, "valid": 1000}
+SMOKE_ROWS = SIZES["smoke"]["mnist_rows"]
 #: Equal blocks a materialized dataset is cut into: Ray Train gives each of 1, 2, 4 or 8 workers whole
 #: blocks. Otherwise, every epoch, `streaming_split(equal=True)` cuts a block in a Ray task, which on
 #: a small machine starts a new worker process first (about 2 s per epoch and dataset on 2 cores).

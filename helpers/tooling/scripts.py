@@ -14,6 +14,7 @@ from helpers.config import ConfigError, load_config, load_dotenv_file
 from helpers.data import DataNotFoundError
 from helpers.results import read_history
 from helpers.session import LOCAL_RAY
+from helpers.sizes import SIZES, sized
 from helpers.storage import uri
 from helpers.tooling.flags import add_course_flags, add_name_flag, config_defaults, positive
 
@@ -37,9 +38,9 @@ def parse_args(description: str, argv: list[str] | None = None, resumable: bool 
 
 
 #: tune_ray_ddp.py's search without flags: trials, and epochs per trial (ASHA may stop a trial earlier).
-SEARCH_DEFAULTS = {"num_samples": 8, "epochs": 4}
+SEARCH_DEFAULTS = SIZES["full"]["search"]
 #: ... and in smoke mode (COURSE_SMOKE_TEST=1, --smoke-test).
-SMOKE_SEARCH_DEFAULTS = {"num_samples": 4, "epochs": 3}
+SMOKE_SEARCH_DEFAULTS = SIZES["smoke"]["search"]
 
 
 def parse_tune_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,15 +60,15 @@ def parse_tune_args(description: str, argv: list[str] | None = None) -> argparse
                              f"{SMOKE_SEARCH_DEFAULTS['epochs']} with --smoke-test; at least 3)")
     add_name_flag(parser, "the search", ", its finished trials kept")
     args = config_defaults(parser.parse_args(argv))
-    defaults = SMOKE_SEARCH_DEFAULTS if args.smoke_test else SEARCH_DEFAULTS
+    defaults = sized("search", args.smoke_test)
     args.num_samples = defaults["num_samples"] if args.num_samples is None else args.num_samples
     args.epochs = defaults["epochs"] if args.epochs is None else args.epochs
     return args
 
 
 #: train_streaming.py's default size in GB (GiB), and its smoke test's (COURSE_SMOKE_TEST=1), without --data-size-gb.
-DEFAULT_SIZE_GB = 1.0
-SMOKE_SIZE_GB = 0.01
+DEFAULT_SIZE_GB = SIZES["full"]["streaming_gb"]
+SMOKE_SIZE_GB = SIZES["smoke"]["streaming_gb"]
 #: The smallest object store Ray starts (Ray 2.60: OBJECT_STORE_MINIMUM_MEMORY_BYTES in ray/_private/ray_constants.py).
 MIN_OBJECT_STORE_MIB = 75
 
@@ -123,7 +124,7 @@ def requested_size_gb(args: argparse.Namespace) -> float:
     """The dataset's size in GB: `--data-size-gb` when given, else 0.01 in smoke mode and 1 otherwise."""
     if args.data_size_gb is not None:
         return float(args.data_size_gb)
-    return SMOKE_SIZE_GB if args.smoke_test else DEFAULT_SIZE_GB
+    return float(sized("streaming_gb", args.smoke_test))
 
 
 def print_result(result: Result) -> None:
