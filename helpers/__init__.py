@@ -24,15 +24,17 @@ it lists:
                                           storage, streaming, tooling.bench
     11_hyperparameter_search              cluster, display, exercises, fault_tolerance, inference, ingest, plots, runs,
                                           storage, tuning
-    train_ray_ddp.py                      cluster, config, ddp, results, runs, session, tooling.scripts
-    train_ray_ddp_with_ray_data.py        cluster, config, fault_tolerance, ingest, results, runs, session,
+    train_ray_ddp.py                      cluster, config, ddp, results, runs, session, sizes, tooling.scripts
+    train_ray_ddp_with_ray_data.py        cluster, config, fault_tolerance, ingest, results, runs, session, sizes,
                                           tooling.scripts
     train_streaming.py                    cluster, config, runs, session, streaming, tooling.memory, tooling.scripts
-    tune_ray_ddp.py                       cluster, config, ingest, runs, session, storage, tooling.scripts, tuning
+    tune_ray_ddp.py                       cluster, config, ingest, runs, session, sizes, storage, tooling.scripts,
+                                          tuning
 
 The scripts (notebooks/*.py) are the training runs lessons start from a cell or submit as jobs. Below the lesson
-modules, every layer may use config, storage, auth, logs and tooling.ray_internals; the rest of helpers.tooling drives lessons and sits above them
-(pyproject.toml's import contract, `lint-imports`).
+modules is the foundation every layer may use: config, storage, auth, logs, sizes (each mode's sizes), rounds (rounds
+statistics), data_stats (Ray Data's stats text), system (waiting, ports, the environment) and tooling.ray_internals.
+The rest of helpers.tooling drives lessons and sits above them (pyproject.toml's import contract, `lint-imports`).
 """
 
 from helpers.config import ConfigError, CourseConfig, load_config

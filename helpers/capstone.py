@@ -10,9 +10,7 @@ the images each worker trained on (`train_images`) and evaluated in all (`test_i
 from __future__ import annotations
 
 import ast
-import contextlib
 import inspect
-import os
 import textwrap
 import time
 from collections.abc import Callable
@@ -25,6 +23,7 @@ from torch.utils.data import DataLoader
 from helpers.cifar import CifarParquet, vit_cifar10
 from helpers.exercises import check, expect_equal
 from helpers.runs import new_run_name
+from helpers.system import environ
 from helpers.training import evaluate
 
 #: Rows of each split the check trains and evaluates on.
@@ -58,20 +57,6 @@ def unfinished(function: Callable) -> list[str]:
         todo += [value for name in called if inspect.isfunction(value := current.__globals__.get(name))
                  and value.__module__ == current.__module__]
     return names
-
-
-@contextlib.contextmanager
-def _collective_timeout(seconds: float):
-    """Ray Train passes this variable from the driver to the run's controller and workers."""
-    before = os.environ.get(COLLECTIVE_TIMEOUT_VAR)
-    os.environ[COLLECTIVE_TIMEOUT_VAR] = str(seconds)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[COLLECTIVE_TIMEOUT_VAR]
-        else:
-            os.environ[COLLECTIVE_TIMEOUT_VAR] = before
 
 
 def _why_failed(error: Exception) -> str:
@@ -129,7 +114,7 @@ def check_step(step: str, loop: Callable[[dict], None], config: dict,
         run_config=RunConfig(storage_path=str(config["storage_path"]), name=new_run_name(f"09_capstone_check_step{step}")),
     )
     try:
-        with _collective_timeout(CHECK_COLLECTIVE_TIMEOUT_S):
+        with environ(**{COLLECTIVE_TIMEOUT_VAR: str(CHECK_COLLECTIVE_TIMEOUT_S)}):  # Ray Train passes it on to workers
             result = trainer.fit()
     except Exception as error:  # the learner's loop failed: say why, do not stop the notebook
         time.sleep(LOG_SETTLE_S)  # the workers' tracebacks reach the notebook first, the verdict after them

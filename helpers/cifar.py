@@ -22,6 +22,7 @@ from filelock import FileLock
 
 from helpers import storage
 from helpers.data import DataDamagedError, DataNotFoundError, can_reach
+from helpers.sizes import SIZES
 
 if TYPE_CHECKING:
     import torch
@@ -37,12 +38,9 @@ CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
 MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
 STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
 #: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 4 steps of 128 images, 256 to test.
-SMOKE_ROWS = {"train": 512, "test": 256}
+SMOKE_ROWS = SIZES["smoke"]["cifar_rows"]
 #: The tutorial's ViT (full mode), and a small one with the same structure for smoke runs.
-VIT_SIZES = {
-    "full": {"num_layers": 12, "num_heads": 8, "hidden_dim": 384, "mlp_dim": 768},
-    "smoke": {"num_layers": 2, "num_heads": 4, "hidden_dim": 64, "mlp_dim": 128},
-}
+VIT_SIZES = {mode: sizes["vit"] for mode, sizes in SIZES.items()}
 #: Zero padding of the random crop, in pixels on each side.
 CROP_PADDING = 4
 

@@ -34,6 +34,7 @@ from torch import nn
 from helpers.ingest import DTYPES, evaluate_shard
 from helpers.models import resnet18_mnist
 from helpers.results import latest_checkpoint_metrics
+from helpers.system import wait_until
 
 
 class InjectedFailure(RuntimeError):
@@ -148,20 +149,24 @@ def _when_checkpointed(run_path: str | Path, epoch: int, action: Callable[[], ob
     Returns an Event: set it to call the watch off."""
     cancelled = threading.Event()
 
+    def checkpointed() -> bool:
+        try:
+            latest = latest_checkpoint_metrics(run_path)
+        except json.JSONDecodeError:  # Ray Train is rewriting its snapshot file: read it again next time
+            latest = None
+        return bool(latest and latest["epoch"] >= epoch)
+
     def watch() -> None:
-        deadline = time.monotonic() + timeout_s
-        while not cancelled.is_set() and time.monotonic() < deadline:
-            try:
-                latest = latest_checkpoint_metrics(run_path)
-            except json.JSONDecodeError:  # Ray Train is rewriting its snapshot file: read it again next time
-                latest = None
-            if latest and latest["epoch"] >= epoch:
-                try:
-                    action()
-                except Exception as error:  # a thread's exception would vanish: say what went wrong
-                    print(f"{action.__name__} failed: {type(error).__name__}: {error}", file=sys.stderr)
-                return
-            cancelled.wait(0.2)
+        try:
+            wait_until(lambda: cancelled.is_set() or checkpointed(), timeout_s, 0.2, sleep=cancelled.wait)
+        except TimeoutError:
+            return  # as when called off: the run never registered that checkpoint
+        if cancelled.is_set():
+            return
+        try:
+            action()
+        except Exception as error:  # a thread's exception would vanish: say what went wrong
+            print(f"{action.__name__} failed: {type(error).__name__}: {error}", file=sys.stderr)
 
     threading.Thread(target=watch, name=f"when-checkpointed-{action.__name__}", daemon=True).start()
     return cancelled

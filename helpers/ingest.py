@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import ray
 import ray.data
@@ -30,12 +28,14 @@ from helpers import storage
 from helpers.cluster import check_data_resources, check_resources, course_scaling_config
 from helpers.config import CourseConfig
 from helpers.data import check_parquet_copy, load_mnist, mnist_transform
+from helpers.data_stats import operator_times as operator_times  # lesson 03 imports it from here
 from helpers.models import resnet18_mnist
 from helpers.session import logger_level
+from helpers.sizes import SIZES
 from helpers.training import seed_everything
 
 #: Rows per split in smoke mode (COURSE_SMOKE_TEST=1): 15 steps of 128 images, 1000 to validate.
-SMOKE_ROWS = {"train": 1920, "valid": 1000}
+SMOKE_ROWS = SIZES["smoke"]["mnist_rows"]
 #: Equal blocks a materialized dataset is cut into: Ray Train gives each of 1, 2, 4 or 8 workers whole
 #: blocks. Otherwise, every epoch, `streaming_split(equal=True)` cuts a block in a Ray task, which on
 #: a small machine starts a new worker process first (about 2 s per epoch and dataset on 2 cores).
@@ -150,23 +150,6 @@ def mnist_datasets(parquet_root: str, max_rows: dict[str, int] | None = None, ma
                 dataset = dataset.repartition(NUM_BLOCKS).materialize()
         datasets[name] = dataset
     return datasets
-
-
-_STATS_OPERATOR = re.compile(r"^\s*(?:Sub)?[Oo]perator \d+ (?P<name>.+?): (?P<tasks>\d+) tasks executed")
-_STATS_TIME = re.compile(r"^\s*\* Remote (?P<kind>wall|cpu) time: .*?(?P<total>[\d.]+)(?P<unit>us|ms|s) total")
-_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-def operator_times(stats: str) -> pd.DataFrame:
-    """From `ds.stats()`'s text: one row per operator that ran tasks, with its tasks and total wall and CPU seconds."""
-    rows: dict[str, dict[str, float | None]] = {}
-    current = None
-    for line in stats.splitlines():
-        if match := _STATS_OPERATOR.match(line):
-            current = rows.setdefault(match["name"], {"tasks": int(match["tasks"]), "wall_s": None, "cpu_s": None})
-        elif current is not None and (match := _STATS_TIME.match(line)):
-            current[f"{match['kind']}_s"] = round(float(match["total"]) * _SECONDS[match["unit"]], 3)
-    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("operator")
 
 
 def prepare_ray_data_training(cfg: CourseConfig, max_rows: dict[str, int] | None = None):

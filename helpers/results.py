@@ -45,9 +45,7 @@ class MetricsHistory(UserCallback):
     def _append(self, run_context, row: dict[str, Any]) -> None:
         run_config = run_context.get_run_config()
         path = storage.join(run_path(run_config.storage_path, run_config.name), HISTORY_FILE)
-        before = storage.read_text(path) if storage.is_file(path) else ""  # object stores cannot append: rewrite
-        line = json.dumps({"event": row.pop("event"), "time": time.time(), **row}, default=str)
-        storage.write_text(path, before + line + "\n")
+        storage.append_line(path, json.dumps({"event": row.pop("event"), "time": time.time(), **row}, default=str))
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         nodes = [rank_metrics.get("node_id") for rank_metrics in metrics]

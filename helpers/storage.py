@@ -141,6 +141,21 @@ def write_text(path: str, text: str) -> None:
         file.write(text.encode())
 
 
+def append_line(path: str, line: str) -> None:
+    """Add `line` and a newline at the end of the file `path` (a JSONL record), creating it and its folder if need be.
+
+    A local file is appended to. An object store (s3://) has no append: there the whole file is read and written
+    again with the line added, so each call costs the file's size, and two writers at once may lose a line."""
+    filesystem, fs_path = resolve(path)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        filesystem.create_dir(posixpath.dirname(fs_path), recursive=True)
+        with filesystem.open_append_stream(fs_path) as file:
+            file.write((line + "\n").encode())
+        return
+    before = read_text(path) if is_file(path) else ""
+    write_text(path, before + line + "\n")
+
+
 def delete_file(path: str) -> None:
     """Delete the file `path`."""
     filesystem, fs_path = resolve(path)

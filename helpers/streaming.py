@@ -34,10 +34,11 @@ import ray.data
 import ray.train
 from ray.train import UserCallback
 
-from helpers import storage
+from helpers import rounds, storage
 from helpers.cluster import StoragePathError
 from helpers.data import check_parquet_copy
 from helpers.results import run_path
+from helpers.rounds import spread_text
 from helpers.tooling import ray_internals
 
 if TYPE_CHECKING:
@@ -299,8 +300,7 @@ class WorkerReports(UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         run_config = run_context.get_run_config()
         path = storage.join(run_path(run_config.storage_path, run_config.name), self.FILE)
-        before = storage.read_text(path) if storage.is_file(path) else ""  # object stores cannot append: rewrite
-        storage.write_text(path, before + json.dumps(metrics) + "\n")
+        storage.append_line(path, json.dumps(metrics))
 
 
 def read_worker_reports(result: ray.train.Result) -> list[list[dict[str, Any]]]:
@@ -332,7 +332,7 @@ def runs_table(runs: dict[str, list[dict[str, Any]]]):
     import pandas as pd
 
     def spread(values: list[float]) -> str:
-        return f"{np.median(values):.0f} [{min(values):.0f}-{max(values):.0f}]"
+        return spread_text(rounds.spread(values), digits=0)
 
     rows = {}
     for size, reports in runs.items():

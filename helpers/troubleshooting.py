@@ -10,37 +10,16 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-#: The lines of a Ray Data iterator's `stats()` that `iterator_times` reads, by the key it returns them under.
-ITERATOR_LINES = {
-    "total_s": "Total time overall",
-    "initialize_s": "Total time in Ray Data iterator initialization code",
-    "blocked_s": "Total time user thread is blocked by Ray Data iter_batches",
-    "first_batch_s": "Total time spent waiting for the first batch after starting iteration",
-    "user_s": "Total execution time for user thread",
-}
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-
-
-def iterator_times(stats: str) -> dict[str, float]:
-    """Seconds from a Ray Data iterator's `stats()` text: total, initialization, blocked, first batch, user code.
-
-    Ray Data prints these times as text ("9.12s", "101.97ms") and leaves out a line whose time is still 0: such
-    a key is 0.0 here. A shard iterator's times add up over every pass (epoch) made with it so far.
-    """
-    times = dict.fromkeys(ITERATOR_LINES, 0.0)
-    for key, label in ITERATOR_LINES.items():
-        found = re.search(rf"{re.escape(label)}: ([\d.]+)(us|ms|s)\b", stats)
-        if found:
-            times[key] = float(found.group(1)) * _UNITS[found.group(2)]
-    return times
-
+from helpers.data_stats import ITERATOR_LINES as ITERATOR_LINES  # lesson 06 (and its tests) import them from here
+from helpers.data_stats import iterator_times as iterator_times
+from helpers.rounds import ranges_verdict
+from helpers.system import wait_until
 
 # --- Lab A: the stack of each rank ---------------------------------------------------------------------------
 
@@ -94,22 +73,21 @@ def wait_until_in(run_name: str, rank: int, function: str, timeout_s: float = 30
     Returns the run's workers by rank, as `run_workers` does. Raises TimeoutError after `timeout_s`, and RuntimeError
     at once if the rank's process ends first (the run finished or failed before reaching `function`).
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def reached() -> list[dict] | None:
         workers = run_workers(run_name)
-        if len(workers) > rank:
-            pid = workers[rank]["pid"]
-            try:
-                frames = training_thread(worker_stack(pid))
-            except RuntimeError:
-                if not Path(f"/proc/{pid}").exists():
-                    raise RuntimeError(f"rank {rank} of {run_name} ended before it reached {function}()") from None
-                frames = []  # py-spy could not read it this time: try again
-            if any(frame.startswith(f"{function} (") for frame in frames):
-                return workers
-        time.sleep(1)
-    raise TimeoutError(f"rank {rank} of {run_name} did not reach {function}() in {timeout_s:.0f} s; is "
-                       "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set (run_workers needs it)?")
+        if len(workers) <= rank:
+            return None
+        pid = workers[rank]["pid"]
+        try:
+            frames = training_thread(worker_stack(pid))
+        except RuntimeError:
+            if not Path(f"/proc/{pid}").exists():
+                raise RuntimeError(f"rank {rank} of {run_name} ended before it reached {function}()") from None
+            return None  # py-spy could not read it this time: try again
+        return workers if any(frame.startswith(f"{function} (") for frame in frames) else None
+
+    return wait_until(reached, timeout_s, 1, what=f"rank {rank} of {run_name} reaching {function}() (is "
+                      "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set? run_workers needs it)")
 
 
 # --- Lab D: memory ---------------------------------------------------------------------------------------------
@@ -168,9 +146,6 @@ def compare_rounds(rounds: pd.DataFrame, baseline: str, value: str = "waiting sh
     stats = rounds.groupby("condition", sort=False)[value].agg(["median", "min", "max"])
     low, high = stats.loc[baseline, "min"], stats.loc[baseline, "max"]
     stats["change vs " + baseline] = stats["median"] - stats.loc[baseline, "median"]
-    stats["verdict"] = [
-        "baseline" if name == baseline
-        else ("measured: lower" if row["max"] < low else "measured: higher" if row["min"] > high
-              else "no measurable difference")
-        for name, row in stats.iterrows()]
+    stats["verdict"] = ["baseline" if name == baseline else ranges_verdict(row["min"], row["max"], low, high)
+                        for name, row in stats.iterrows()]
     return stats

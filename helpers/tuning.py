@@ -45,6 +45,7 @@ from helpers.cluster import (
 from helpers.config import CourseConfig
 from helpers.fault_tolerance import train_loop_per_worker
 from helpers.logs import logger_level
+from helpers.sizes import SIZES
 from helpers.tooling import ray_internals
 
 #: What each trial's driver reserves: no CPU, since it only waits for its Ray Train run, and some memory, since Tune
@@ -53,8 +54,8 @@ from helpers.tooling import ray_internals
 DRIVER_RESOURCES = {"cpu": 0, "memory": 1024**3}
 #: The rows of MNIST every trial trains and validates on: a cut, so that a search of 8 whole runs takes minutes on a
 #: laptop. Smoke mode's cut is smaller still.
-SEARCH_ROWS = {"train": 6000, "valid": 1000}
-SMOKE_SEARCH_ROWS = {"train": 512, "valid": 256}
+SEARCH_ROWS = SIZES["full"]["search_rows"]
+SMOKE_SEARCH_ROWS = SIZES["smoke"]["search_rows"]
 #: The metric `TuneReportCallback` adds to a result that came with a checkpoint (Ray 2.60,
 #: ray/tune/integration/ray_train.py: CHECKPOINT_PATH_KEY).
 CHECKPOINT_PATH = "checkpoint_path"

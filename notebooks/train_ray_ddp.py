@@ -17,6 +17,7 @@ from helpers.ddp import train_loop_per_worker
 from helpers.results import MetricsHistory
 from helpers.runs import new_run_name
 from helpers.session import start_ray
+from helpers.sizes import sized
 from helpers.tooling.scripts import parse_args, print_result, run_script
 
 
@@ -34,8 +35,8 @@ def main(argv: list[str] | None = None) -> Result:
             "global_batch_size": 128,
             "lr": 1e-3,
             "seed": 0,
-            "max_steps_per_epoch": 12 if args.smoke_test else None,
-            "max_test_batches": 2 if args.smoke_test else None,  # 2 x 512 test images, else all 10,000
+            "max_steps_per_epoch": sized("ddp_script_steps", args.smoke_test),
+            "max_test_batches": sized("ddp_script_test_batches", args.smoke_test),
             "data_dir": str(cfg.data_dir),
         },
         scaling_config=scaling,

@@ -18,10 +18,11 @@ from ray.train.torch import TorchTrainer
 from helpers.cluster import check_storage_path
 from helpers.config import load_config
 from helpers.fault_tolerance import train_loop_per_worker
-from helpers.ingest import SHUFFLE_BUFFER_ROWS, SMOKE_ROWS, prepare_ray_data_training
+from helpers.ingest import SHUFFLE_BUFFER_ROWS, prepare_ray_data_training
 from helpers.results import MetricsHistory
 from helpers.runs import new_run_name
 from helpers.session import start_ray
+from helpers.sizes import sized
 from helpers.tooling.scripts import parse_args, print_result, run_script
 
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> Result:
     storage_path = check_storage_path(args.storage_path)  # before the Parquet files are written there
     cfg = dataclasses.replace(cfg, num_workers=args.num_workers, storage_path=storage_path,
                               use_gpu=cfg.use_gpu if args.use_gpu is None else args.use_gpu)
-    _, datasets, scaling = prepare_ray_data_training(cfg, SMOKE_ROWS if args.smoke_test else None)  # as lesson 04
+    _, datasets, scaling = prepare_ray_data_training(cfg, sized("mnist_rows", args.smoke_test))  # as lesson 04
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"num_epochs": args.epochs, "global_batch_size": 128, "lr": 1e-3, "seed": 0,

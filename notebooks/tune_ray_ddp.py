@@ -24,11 +24,10 @@ from helpers.config import load_config
 from helpers.ingest import SHUFFLE_BUFFER_ROWS, mnist_datasets, write_mnist_parquet
 from helpers.runs import new_run_name
 from helpers.session import start_ray
+from helpers.sizes import sized
 from helpers.tooling.scripts import parse_tune_args, run_script
 from helpers.tuning import (
     DRIVER_RESOURCES,
-    SEARCH_ROWS,
-    SMOKE_SEARCH_ROWS,
     ResultOrder,
     check_search_resources,
     plan_search,
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> ResultGrid:
                                    resources_per_worker=plan.resources_per_worker)
     check_search_resources(scaling_config, plan.max_concurrent_trials, flags=True)  # fail now, not queue with errors
     parquet_root = write_mnist_parquet(cfg.data_dir, storage_path)
-    datasets = mnist_datasets(parquet_root, SMOKE_SEARCH_ROWS if args.smoke_test else SEARCH_ROWS)
+    datasets = mnist_datasets(parquet_root, sized("search_rows", args.smoke_test))
     trainable = tune.with_resources(
         tune.with_parameters(train_driver, datasets=datasets, scaling_config=scaling_config, storage_path=storage_path),
         DRIVER_RESOURCES)  # the driver reserves no CPU: it only waits for its run

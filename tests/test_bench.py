@@ -142,8 +142,8 @@ def test_the_printed_table_gives_median_spread_and_verdict():
                       "comparisons": [bench.compare(runs, "a", "b")]}}
     table = bench.format_report(report)
     assert "a CPU (2 logical CPUs), GPU: none; 3 round(s)" in table
-    assert "120.0 images/s  (110.0-130.0)" in table
-    assert "1.200x (1.100-1.300): faster in every round" in table
+    assert "120.0 images/s [110.0-130.0]" in table
+    assert "1.200x [1.100-1.300]: faster in every round" in table
 
 
 def test_a_missing_recorded_report_says_how_to_make_it():

@@ -21,6 +21,7 @@ from helpers.data import (
     load_mnist,
     mnist_is_present,
 )
+from helpers.system import free_ports
 from tests.support import FAILS_FAST_S
 
 
@@ -43,9 +44,7 @@ def test_partial_data_is_not_present(tmp_path):
 
 
 def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(host="127.0.0.1")[0]
 
 
 def test_missing_and_not_downloadable_fails_fast_with_what_to_do(tmp_path, monkeypatch):

@@ -195,7 +195,7 @@ def test_a_deadline_must_be_positive(monkeypatch, capsys):
     monkeypatch.setattr(gpu_lane, "gpus", lambda: [{"name": "a GPU", "memory_mib": 1, "driver": "1"}])
     with pytest.raises(SystemExit) as stopped:
         gpu_lane.main(["--lessons", "01", "--deadline", "0"])
-    assert stopped.value.code == 2 and "--deadline must be a number of seconds > 0" in capsys.readouterr().err
+    assert stopped.value.code == 2 and "argument --deadline: must be more than 0, got 0" in capsys.readouterr().err
 
 
 REPORT = NOTEBOOKS / "results" / "gpu.json"

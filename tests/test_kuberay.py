@@ -208,7 +208,7 @@ def test_each_script_s_flags_are_checked_by_its_own_parser(entrypoint):
 @pytest.mark.parametrize("entrypoint, expected", [
     ("tune_ray_ddp.py --num-samples 4 --use-gpu",
      "tune_ray_ddp.py rejects its flags: unrecognized arguments: --use-gpu"),
-    ("tune_ray_ddp.py --epochs 2", "tune_ray_ddp.py rejects its flags: --epochs must be at least 3"),
+    ("tune_ray_ddp.py --epochs 2", "tune_ray_ddp.py rejects its flags: argument --epochs: must be at least 3"),
     ("train_ray_ddp.py --num-samples 4", "train_ray_ddp.py rejects its flags: unrecognized arguments: --num-samples 4"),
     ("train_ray_ddp.py --name my-run", "train_ray_ddp.py rejects its flags: unrecognized arguments: --name my-run"),
     ("train_streaming.py --epochs 2", "train_streaming.py rejects its flags: unrecognized arguments: --epochs 2"),

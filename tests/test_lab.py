@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from tornado.websocket import websocket_connect
 
 from helpers.config import REPO_ROOT
+from helpers.system import free_ports
 
 
 def _lab_recipe() -> str:
@@ -26,9 +26,7 @@ def _lab_recipe() -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(host="127.0.0.1")[0]
 
 
 def _request(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, object]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from helpers import profiling
+from helpers.system import free_ports
 
 
 def _profiled_steps(model: nn.Module, trace: profiling.StepTrace, steps: int = 3, data_s: float = 0.0,
@@ -97,9 +97,7 @@ def _ddp_rank(rank: int, port: int, folder: str) -> None:
 
 
 def test_under_ddp_each_rank_sees_the_all_reduce_and_rank_0_gathers_both(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    (port,) = free_ports(host="127.0.0.1")
     mp.spawn(_ddp_rank, args=(port, str(tmp_path)), nprocs=2)
     gathered = json.loads((tmp_path / "gathered.json").read_text())
     assert [phases["rank"] for phases in gathered] == [0, 1]

@@ -23,6 +23,7 @@ import pytest
 
 from helpers.config import REPO_ROOT, ConfigError, load_config
 from helpers.session import PREEMPTION_WATCHER_VAR, RECORDED_CLUSTER_TIMEOUT_S, RayTarget, ray_target, start_ray
+from helpers.system import free_ports
 from helpers.tooling import ray_internals
 from helpers.tooling.scripts import parse_streaming_args
 from tests.support import RAY_START_THEN_FAILS_S
@@ -47,9 +48,7 @@ def record(ray_tmpdir: Path, address: str) -> Path:
 
 def dead_address() -> str:
     """127.0.0.1 and a port that was free a moment ago: nothing listens there."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+    return f"127.0.0.1:{free_ports(host='127.0.0.1')[0]}"
 
 
 def passed_over_line(file: Path, address: str, why: str) -> str:

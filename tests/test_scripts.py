@@ -133,3 +133,36 @@ def test_a_course_error_raised_in_a_worker_is_printed_as_one_line():
 
     with pytest.raises(WorkerGroupError):  # anything else keeps its traceback
         run_script(worker_bug)
+
+
+def test_positive_numbers_are_one_argparse_type_with_a_clear_error():
+    import argparse
+
+    from helpers.tooling.flags import positive
+
+    assert positive()("3") == 3 and positive(float)("0.5") == 0.5 and positive(int, 3)("3") == 3
+    for parse, text, message in [(positive(), "0", "must be at least 1, got 0"),
+                                 (positive(float), "nan", "must be more than 0, got nan"),
+                                 (positive(float), "-1", "must be more than 0, got -1"),
+                                 (positive(int, 3, ": why"), "2", "must be at least 3: why, got 2")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"^{message}$".replace("(", r"\(")):
+            parse(text)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=positive())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--n", "1.5"])  # argparse's own "invalid int value: '1.5'"
+
+
+@pytest.mark.parametrize("name", ["train_ray_ddp.py", "train_ray_ddp_with_ray_data.py", "train_streaming.py",
+                                  "tune_ray_ddp.py"])
+def test_parsing_a_scripts_flags_does_not_load_dotenv(name, tmp_path, monkeypatch):
+    from helpers.tooling.scripts import parse_script_args
+
+    (tmp_path / ".env").write_text("COURSE_NUM_WORKERS=3\nCOURSE_SMOKE_TEST=1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COURSE_NUM_WORKERS", raising=False)
+    monkeypatch.setenv("COURSE_SMOKE_TEST", "0")
+    args = parse_script_args(name, [])
+    assert "COURSE_NUM_WORKERS" not in os.environ and (args.num_workers, args.smoke_test) == (None, False)
+    monkeypatch.setenv("COURSE_NUM_WORKERS", "4")
+    assert parse_script_args(name, ["--smoke-test"]).num_workers == 4, "unset flags take the configuration"

@@ -286,7 +286,20 @@ def test_every_public_function_is_tested():
               and getattr(getattr(storage, name), "__module__", None) == storage.__name__}
     tested = {"is_uri", "join", "basename", "resolve", "uri", "exists", "is_dir", "is_file", "makedirs",
               "list_dir", "size", "open_input", "open_output", "read_text", "write_text", "delete_file", "delete_dir",
-              "parquet_problems",
+              "parquet_problems", "append_line",
               # in tests/test_shared_datasets.py, with writers in processes of their own:
               "write_once", "complete_copies", "incomplete_copies", "read_marker"}
     assert public == tested
+
+
+def test_append_line_appends_locally_and_rewrites_on_an_object_store(tmp_path, monkeypatch):
+    path = str(tmp_path / "run" / "history.jsonl")
+    storage.append_line(path, '{"a": 1}')
+    storage.append_line(path, '{"a": 2}')
+    assert storage.read_text(path) == '{"a": 1}\n{"a": 2}\n'
+    memory = pafs.SubTreeFileSystem(str(tmp_path / "bucket"), pafs.LocalFileSystem())  # not a LocalFileSystem
+    (tmp_path / "bucket").mkdir()
+    monkeypatch.setattr(storage, "resolve", lambda path: (memory, path.removeprefix("s3://")))
+    storage.append_line("s3://b/h.jsonl", "1")
+    storage.append_line("s3://b/h.jsonl", "2")
+    assert (tmp_path / "bucket" / "b" / "h.jsonl").read_text() == "1\n2\n"

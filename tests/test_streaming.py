@@ -82,12 +82,13 @@ def test_the_size_defaults_to_1_gb_and_to_0_01_gb_in_smoke_mode_unless_given():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--data-size-gb", "0"], "--data-size-gb must be more than 0, got 0"),
-    (["--data-size-gb", "-1"], "--data-size-gb must be more than 0, got -1"),
-    (["--data-size-gb", "nan"], "--data-size-gb must be more than 0"),
-    (["--num-epochs", "0"], "--num-epochs must be at least 1, got 0"),
-    (["--num-workers", "0"], "--num-workers must be at least 1, got 0"),
-    (["--object-store-mib", "64"], "--object-store-mib must be at least 75 (Ray's smallest object store), got 64"),
+    (["--data-size-gb", "0"], "argument --data-size-gb: must be more than 0, got 0"),
+    (["--data-size-gb", "-1"], "argument --data-size-gb: must be more than 0, got -1"),
+    (["--data-size-gb", "nan"], "argument --data-size-gb: must be more than 0, got nan"),
+    (["--num-epochs", "0"], "argument --num-epochs: must be at least 1, got 0"),
+    (["--num-workers", "0"], "argument --num-workers: must be at least 1, got 0"),
+    (["--object-store-mib", "64"],
+     "argument --object-store-mib: must be at least 75 (Ray's smallest object store), got 64"),
 ])
 def test_bad_flags_fail_with_a_clear_message(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -15,18 +15,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from helpers.tooling.local_cluster import free_ports
+from helpers.system import free_ports, wait_until
 
 #: The views to take, by file name: the dashboard's route.
 VIEWS = {"overview": "#/overview", "actors": "#/actors", "cluster": "#/cluster"}
@@ -34,6 +34,15 @@ VIEWS = {"overview": "#/overview", "actors": "#/actors", "cluster": "#/cluster"}
 BROWSERS = ("chromium-headless-shell", "chromium", "google-chrome", "chromium-browser")
 #: The dashboard's login cookie (`ray._private.authentication.authentication_constants`).
 TOKEN_COOKIE = "ray-authentication-token"
+
+
+def _answers(url: str) -> bool:
+    """Whether `url` answers an HTTP GET within 2 s."""
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+        return True
+    except OSError:
+        return False
 
 
 def _browser() -> str:
@@ -108,11 +117,10 @@ def main() -> None:
         run_config=RunConfig(storage_path=str(cfg.storage_path), name=new_run_name("06_observed"),
                              logging_config=LoggingConfig(log_level="WARNING")))
     running = ThreadPoolExecutor(max_workers=1).submit(trainer.fit)
-    deadline = time.monotonic() + 300
-    while not run_workers(trainer.run_config.name):  # the Train API lists the workers once the attempt is RUNNING
-        if running.done() or time.monotonic() > deadline:
-            raise SystemExit("the run never reached RUNNING")
-        time.sleep(1)
+    # the Train API lists the workers once the attempt is RUNNING; `True` when the run ended before
+    if wait_until(lambda: run_workers(trainer.run_config.name) or running.done(), 300, 1,
+                  what="the run reaching RUNNING") is True:
+        raise SystemExit("the run never reached RUNNING")
 
     header = next((value for key, value in ray_internals.auth_headers().items() if key.lower() == "authorization"), "")
     token = header.removeprefix("Bearer ") or None
@@ -123,12 +131,8 @@ def main() -> None:
              f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            for _ in range(60):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{debug_port}/json/version", timeout=2).close()
-                    break
-                except OSError:
-                    time.sleep(0.5)
+            wait_until(functools.partial(_answers, f"http://127.0.0.1:{debug_port}/json/version"), 30, 0.5,
+                       what="the headless browser answering")
             asyncio.run(_screenshots(debug_port, dashboard, token, out, args.width, args.height))
         finally:
             os.killpg(browser.pid, signal.SIGTERM)  # the browser and the processes it started (a wrapper script's too)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.config import REPO_ROOT
+from helpers.tooling.flags import positive
 from helpers.tooling.run_recorder import read_records, recording_env, summarize_runs
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -383,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: all of {' '.join(LESSONS)})")
     parser.add_argument("--budget", action="append", metavar="NN=SECONDS",
                         help="a lesson's time budget instead of its default (repeat for several)")
-    parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--deadline", type=positive(float), default=None, metavar="SECONDS",
                         help="end the whole lane within SECONDS: budgets are cut to the time left, and a lesson "
                              f"with less than {MIN_LESSON_S} s left does not start")
     parser.add_argument("--out", type=Path, default=None,
@@ -408,8 +409,6 @@ def main(argv: list[str] | None = None) -> int:
               "run `make gpu-check` on a machine with an NVIDIA GPU and its driver.", file=sys.stderr)
         return 2
     out_dir = args.out or REPO_ROOT / "runs" / "gpu-lane" / datetime.now().strftime("%Y%m%d-%H%M%S")
-    if args.deadline is not None and not args.deadline > 0:
-        parser.error("--deadline must be a number of seconds > 0")
     report = run_lane(lessons, out_dir, args.report, overrides, found, argv, deadline_s=args.deadline)
     chosen = [result for result in report["lessons"] if result["lesson"] in {lesson.number for lesson in lessons}]
     passed = sum(result["status"] == "passed" for result in chosen)

@@ -28,11 +28,9 @@ import re
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -40,6 +38,7 @@ from types import TracebackType
 import psutil
 from ray.util import get_node_ip_address
 
+from helpers.system import free_ports, wait_until
 from helpers.tooling.ray_internals import gcs_address
 
 #: The Ray CLI of this Python environment.
@@ -264,18 +263,6 @@ class LocalCluster:
         self.stop()
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports that are free now (held open together, so the OS picks different ones)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _write_private(path: Path, text: str) -> None:
     """Write `text` to a new file that only this user can read (mode 0600 from the start)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -304,10 +291,11 @@ def _running(proc: psutil.Process) -> bool:
 
 def _wait(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """Wait up to `timeout_s` for `procs` to end; return the ones still running."""
-    deadline = time.monotonic() + timeout_s
-    while (running := [proc for proc in procs if _running(proc)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return running
+    try:
+        wait_until(lambda: not any(_running(proc) for proc in procs), timeout_s, 0.1, what="the processes ending")
+    except TimeoutError:
+        pass
+    return [proc for proc in procs if _running(proc)]
 
 
 def _terminate(procs: list[psutil.Process], grace_s: float = STOP_GRACE_S) -> None:

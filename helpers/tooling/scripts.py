@@ -14,21 +14,9 @@ from helpers.config import ConfigError, load_config, load_dotenv_file
 from helpers.data import DataNotFoundError
 from helpers.results import read_history
 from helpers.session import LOCAL_RAY
+from helpers.sizes import SIZES, sized
 from helpers.storage import uri
-
-
-def course_parser(description: str, stores: str, smoke_test_help: str) -> argparse.ArgumentParser:
-    """A script's parser with the flags every course script takes, defaulting to the configuration (environment and
-    .env): `--num-workers --smoke-test --storage-path`; `stores` says what goes to the storage path."""
-    load_dotenv_file()
-    cfg = load_config()
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--num-workers", type=int, default=cfg.num_workers,
-                        help="Ray Train workers (default: COURSE_NUM_WORKERS, else one per GPU, else 2)")
-    parser.add_argument("--smoke-test", action="store_true", default=cfg.smoke_test, help=smoke_test_help)
-    parser.add_argument("--storage-path", default=cfg.storage_path,
-                        help=f"where {stores} go: a shared folder or a URI such as s3://bucket/prefix")
-    return parser
+from helpers.tooling.flags import add_course_flags, add_name_flag, config_defaults, positive
 
 
 def parse_args(description: str, argv: list[str] | None = None, resumable: bool = False) -> argparse.Namespace:
@@ -38,59 +26,49 @@ def parse_args(description: str, argv: list[str] | None = None, resumable: bool 
     Unset, `--num-workers` and `--use-gpu` are None: the course sizes the run for the cluster, as `setup()` does
     (COURSE_NUM_WORKERS, COURSE_USE_GPU=auto: one worker per GPU when the cluster has GPUs, else 2 on CPU).
     """
-    parser = course_parser(description, "results and checkpoints", "tiny epochs (CI)")
-    parser.add_argument("--epochs", type=int, default=2, help="training epochs")
+    parser = argparse.ArgumentParser(description=description)
+    add_course_flags(parser, "results and checkpoints", "tiny epochs (CI)")
+    parser.add_argument("--epochs", type=positive(), default=2, help="training epochs")
     parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
                         help="one GPU per worker, or none (default: COURSE_USE_GPU, auto: GPUs when the cluster "
                              "has any)")
     if resumable:
-        parser.add_argument("--name", default=None,
-                            help="the run's name under the storage path: a run of that name is continued from its "
-                                 "latest checkpoint (default: a new name)")
-    args = parser.parse_args(argv)
-    if (args.num_workers is not None and args.num_workers < 1) or args.epochs < 1:
-        parser.error("--num-workers and --epochs must be at least 1")
-    return args
+        add_name_flag(parser, "the run", " from its latest checkpoint")
+    return config_defaults(parser.parse_args(argv))
 
 
 #: tune_ray_ddp.py's search without flags: trials, and epochs per trial (ASHA may stop a trial earlier).
-SEARCH_DEFAULTS = {"num_samples": 8, "epochs": 4}
+SEARCH_DEFAULTS = SIZES["full"]["search"]
 #: ... and in smoke mode (COURSE_SMOKE_TEST=1, --smoke-test).
-SMOKE_SEARCH_DEFAULTS = {"num_samples": 4, "epochs": 3}
+SMOKE_SEARCH_DEFAULTS = SIZES["smoke"]["search"]
 
 
 def parse_tune_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
     """`--num-workers --smoke-test --storage-path` (workers per trial), `--num-samples --max-concurrent-trials
     --epochs --name`, defaulting to the configuration; unset, `--num-samples` and `--epochs` follow the mode
     (SEARCH_DEFAULTS, SMOKE_SEARCH_DEFAULTS) and `--max-concurrent-trials` is sized for the cluster."""
-    parser = course_parser(description, "the search, its trials' runs and checkpoints", "tiny trials (CI)")
-    parser.add_argument("--num-samples", type=int, default=None,
+    parser = argparse.ArgumentParser(description=description)
+    add_course_flags(parser, "the search, its trials' runs and checkpoints", "tiny trials (CI)")
+    parser.add_argument("--num-samples", type=positive(), default=None,
                         help=f"trials to run (default {SEARCH_DEFAULTS['num_samples']}, "
                              f"{SMOKE_SEARCH_DEFAULTS['num_samples']} with --smoke-test)")
-    parser.add_argument("--max-concurrent-trials", type=int, default=None,
+    parser.add_argument("--max-concurrent-trials", type=positive(), default=None,
                         help="trials that train at once (default: 2, fewer when their workers do not fit)")
-    parser.add_argument("--epochs", type=int, default=None,
+    parser.add_argument("--epochs", type=positive(int, 3, ": ASHA compares trials after their second epoch (epoch 1)"),
+                        default=None,
                         help=f"epochs per trial, if ASHA does not stop it earlier (default {SEARCH_DEFAULTS['epochs']}, "
                              f"{SMOKE_SEARCH_DEFAULTS['epochs']} with --smoke-test; at least 3)")
-    parser.add_argument("--name", default=None,
-                        help="the search's name under the storage path: a search of that name is continued, its "
-                             "finished trials kept (default: a new name)")
-    args = parser.parse_args(argv)
-    defaults = SMOKE_SEARCH_DEFAULTS if args.smoke_test else SEARCH_DEFAULTS
+    add_name_flag(parser, "the search", ", its finished trials kept")
+    args = config_defaults(parser.parse_args(argv))
+    defaults = sized("search", args.smoke_test)
     args.num_samples = defaults["num_samples"] if args.num_samples is None else args.num_samples
     args.epochs = defaults["epochs"] if args.epochs is None else args.epochs
-    if args.num_samples < 1 or (args.num_workers is not None and args.num_workers < 1):
-        parser.error("--num-samples and --num-workers must be at least 1")
-    if args.max_concurrent_trials is not None and args.max_concurrent_trials < 1:
-        parser.error("--max-concurrent-trials must be at least 1")
-    if args.epochs < 3:
-        parser.error("--epochs must be at least 3: ASHA compares trials after their second epoch (epoch 1)")
     return args
 
 
 #: train_streaming.py's default size in GB (GiB), and its smoke test's (COURSE_SMOKE_TEST=1), without --data-size-gb.
-DEFAULT_SIZE_GB = 1.0
-SMOKE_SIZE_GB = 0.01
+DEFAULT_SIZE_GB = SIZES["full"]["streaming_gb"]
+SMOKE_SIZE_GB = SIZES["smoke"]["streaming_gb"]
 #: The smallest object store Ray starts (Ray 2.60: OBJECT_STORE_MINIMUM_MEMORY_BYTES in ray/_private/ray_constants.py).
 MIN_OBJECT_STORE_MIB = 75
 
@@ -102,33 +80,25 @@ def parse_streaming_args(description: str, argv: list[str] | None = None) -> arg
     `--data-size-gb` is None when not given: `requested_size_gb` picks 1 GB, or 0.01 GB in smoke mode.
     `--object-store-mib` is None when not given (Ray's default object store), and refused with RAY_ADDRESS set.
     """
-    parser = course_parser(description, "the dataset and the run",
-                           f"a tiny dataset ({SMOKE_SIZE_GB:g} GB) unless --data-size-gb is given (CI)")
-    parser.add_argument("--data-size-gb", type=float, default=None,
+    parser = argparse.ArgumentParser(description=description)
+    add_course_flags(parser, "the dataset and the run",
+                     f"a tiny dataset ({SMOKE_SIZE_GB:g} GB) unless --data-size-gb is given (CI)")
+    parser.add_argument("--data-size-gb", type=positive(float), default=None,
                         help=f"GB (GiB) of images to write and stream (default {DEFAULT_SIZE_GB:g}, "
                              f"{SMOKE_SIZE_GB:g} with --smoke-test)")
-    parser.add_argument("--num-epochs", type=int, default=2, help="passes over the whole dataset")
-    parser.add_argument("--object-store-mib", type=int, default=None,
+    parser.add_argument("--num-epochs", type=positive(), default=2, help="passes over the whole dataset")
+    parser.add_argument("--object-store-mib", type=positive(int, MIN_OBJECT_STORE_MIB, " (Ray's smallest object store)"),
+                        default=None,
                         help="start the local Ray with an object store of this many MiB, to stream a dataset "
                              "larger than it (default: Ray's, 30%% of RAM); not with RAY_ADDRESS")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the report to this JSON file")
-    args = parser.parse_args(argv)
-    if args.data_size_gb is not None and not args.data_size_gb > 0:  # `not >` also refuses nan
-        parser.error(f"--data-size-gb must be more than 0, got {args.data_size_gb:g}")
-    if args.num_epochs < 1:
-        parser.error(f"--num-epochs must be at least 1, got {args.num_epochs}")
-    if args.num_workers is not None and args.num_workers < 1:
-        parser.error(f"--num-workers must be at least 1, got {args.num_workers}")
-    if args.object_store_mib is not None:
-        if args.object_store_mib < MIN_OBJECT_STORE_MIB:
-            parser.error(f"--object-store-mib must be at least {MIN_OBJECT_STORE_MIB} (Ray's smallest object store), "
-                         f"got {args.object_store_mib}")
-        if (address := load_config().ray_address) and address != LOCAL_RAY:
-            parser.error(f"--object-store-mib sizes the object store of the Ray this script starts, but RAY_ADDRESS="
-                         f"{address} joins a running cluster, whose nodes sized their object stores when they "
-                         "started. To fix it: leave out --object-store-mib, or start each node with `ray start "
-                         "--object-store-memory=<bytes>` (KubeRay: rayStartParams object-store-memory), or unset "
-                         "RAY_ADDRESS to run on a local Ray.")
+    args = config_defaults(parser.parse_args(argv))
+    if args.object_store_mib is not None and (address := load_config().ray_address) and address != LOCAL_RAY:
+        parser.error(f"--object-store-mib sizes the object store of the Ray this script starts, but RAY_ADDRESS="
+                     f"{address} joins a running cluster, whose nodes sized their object stores when they "
+                     "started. To fix it: leave out --object-store-mib, or start each node with `ray start "
+                     "--object-store-memory=<bytes>` (KubeRay: rayStartParams object-store-memory), or unset "
+                     "RAY_ADDRESS to run on a local Ray.")
     return args
 
 
@@ -154,7 +124,7 @@ def requested_size_gb(args: argparse.Namespace) -> float:
     """The dataset's size in GB: `--data-size-gb` when given, else 0.01 in smoke mode and 1 otherwise."""
     if args.data_size_gb is not None:
         return float(args.data_size_gb)
-    return SMOKE_SIZE_GB if args.smoke_test else DEFAULT_SIZE_GB
+    return float(sized("streaming_gb", args.smoke_test))
 
 
 def print_result(result: Result) -> None:
@@ -184,8 +154,10 @@ def _course_error(error: BaseException) -> BaseException | None:
 
 def run_script(main: Callable[[], object]) -> None:
     """Run a script's `main()`: the course's own errors as one line (no traceback), also when a Ray Train worker
-    raised them (e.g. a node without the data); Ray shut down always."""
+    raised them (e.g. a node without the data); Ray shut down always. `.env` is loaded first, for the configuration
+    the script's flags default to."""
     try:
+        load_dotenv_file()
         main()
     except (*COURSE_ERRORS, WorkerGroupError) as error:
         if (cause := _course_error(error)) is None:
