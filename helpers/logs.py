@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Iterator
 
+from helpers.system import wait_until
 from helpers.tooling import ray_internals
 
 #: Warnings Ray's own code raises in worker processes, about nothing the learner wrote or can change: Ray Train
@@ -97,9 +97,8 @@ def _drop_cpu_race_warning(record: logging.LogRecord) -> bool:
 
     if "does not have any available CPUs" not in record.getMessage():
         return True
-    deadline = time.monotonic() + CPU_RACE_WAIT_S
-    while time.monotonic() < deadline:
-        if ray.available_resources().get("CPU", 0) > 0:
-            return False
-        time.sleep(0.2)
-    return True
+    try:
+        wait_until(lambda: ray.available_resources().get("CPU", 0) > 0, CPU_RACE_WAIT_S, 0.2, "a free CPU")
+    except TimeoutError:
+        return True  # a real shortage
+    return False

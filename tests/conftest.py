@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -161,25 +160,21 @@ def s3_server() -> Iterator[S3Server]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint_url = f"http://{host}:{port}"
-    previous = {name: os.environ.get(name) for name in _SET + _UNSET}
     try:
-        for name in _UNSET:
-            os.environ.pop(name, None)
-        os.environ.update({
-            "AWS_ENDPOINT_URL": endpoint_url,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true",
-        })
-        yield S3Server(endpoint_url=endpoint_url)
+        with pytest.MonkeyPatch.context() as environment:  # the session's environment, as it was, afterwards
+            for name in _UNSET:
+                environment.delenv(name, raising=False)
+            for name, value in {
+                "AWS_ENDPOINT_URL": endpoint_url,
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_REGION": "us-east-1",
+                "AWS_EC2_METADATA_DISABLED": "true",
+            }.items():
+                environment.setenv(name, value)
+            yield S3Server(endpoint_url=endpoint_url)
     finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         server.stop()
         werkzeug_logger.setLevel(previous_level)
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 
@@ -34,22 +31,10 @@ RAY_START_THEN_FAILS_S = 120.0
 #: The Ray variables that send a driver to a cluster: a test's driver starts without them, then gets its own cluster's.
 RAY_VARS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
-T = TypeVar("T")
-
-
 def clean_env(**variables: str) -> dict[str, str]:
     """This process's environment without any Ray address or token setting, plus `variables`."""
     env = {name: value for name, value in os.environ.items() if name not in RAY_VARS}
     return {**env, **variables}
-
-
-def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, every_s: float = 1.0) -> T:
-    """Poll `predicate` every `every_s` until it returns something true; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(every_s)
-    return value
 
 
 def running(proc: psutil.Process) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from unittest.mock import patch
 
 import pytest
 
@@ -130,10 +131,8 @@ def test_lesson_08s_settings_are_read_with_the_others(tmp_path):
 def environ_restored():
     """python-dotenv writes what it loads into os.environ, where monkeypatch does not see it: put os.environ back
     as it was, so no COURSE_* value from a test's .env reaches later tests (or the drivers they start)."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+    with patch.dict(os.environ):
+        yield
 
 
 def test_dotenv_file_is_read_and_the_environment_wins(tmp_path, monkeypatch, environ_restored):

@@ -26,8 +26,9 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 from helpers.config import REPO_ROOT
 from helpers.session import runtime_env
+from helpers.system import wait_until
 from helpers.tooling.local_cluster import RAY_CLI, LocalCluster
-from tests.support import assert_stopped, clean_env, running, wait_until
+from tests.support import assert_stopped, clean_env, running
 
 #: A training job of one worker on one CPU.
 TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
@@ -82,7 +83,7 @@ def _cmdline(proc: psutil.Process) -> list[str]:
 
 
 def terminal_status(client: JobSubmissionClient, submission_id: str, timeout_s: float = 600) -> JobStatus:
-    return wait_until(lambda: (s := client.get_job_status(submission_id)).is_terminal() and s, timeout_s,
+    return wait_until(lambda: (s := client.get_job_status(submission_id)).is_terminal() and s, timeout_s, 1.0,
                       f"job {submission_id} ended")
 
 
@@ -177,7 +178,7 @@ def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster
     # A driver that would run for 10 minutes; lesson 07 stops a training run the same way, through REST.
     entrypoint = "python -c 'import time; print(\"started\", flush=True); time.sleep(600)'"
     client.submit_job(entrypoint=entrypoint, submission_id="long")
-    wait_until(lambda: "started" in client.get_job_logs("long"), 120, "the driver started")
+    wait_until(lambda: "started" in client.get_job_logs("long"), 120, 1.0, "the driver started")
     # The driver among this cluster's own processes (a child of the worker that runs the job's supervisor).
     driver = [p for p in cluster.processes()
               if "python" in (_cmdline(p) or [""])[0] and "time.sleep(600)" in " ".join(_cmdline(p))]
@@ -185,7 +186,7 @@ def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster
     stopped = cli(cluster, "stop", "long")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert terminal_status(client, "long", timeout_s=120) == JobStatus.STOPPED
-    wait_until(lambda: not any(running(p) for p in driver), 60, "the driver process ended")
+    wait_until(lambda: not any(running(p) for p in driver), 60, 1.0, "the driver process ended")
     response = requests.delete(f"{cluster.dashboard_url}/api/jobs/long",
                                headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30)
     assert response.status_code == 200 and response.json() == {"deleted": True}

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from unittest.mock import patch
 
 import pytest
 import ray
@@ -21,12 +22,10 @@ from tests.support import FAILS_FAST_S
 
 @pytest.fixture(scope="module")
 def ray_setup(no_ray):
-    saved = os.environ.pop(PREEMPTION_WATCHER_VAR, None)  # as on a fresh machine
-    yield
-    ray.shutdown()
-    os.environ.pop(PREEMPTION_WATCHER_VAR, None)
-    if saved is not None:
-        os.environ[PREEMPTION_WATCHER_VAR] = saved
+    with patch.dict(os.environ):  # setup() sets variables: the environment as it was, afterwards
+        os.environ.pop(PREEMPTION_WATCHER_VAR, None)  # as on a fresh machine
+        yield
+        ray.shutdown()
 
 
 @pytest.mark.ray

@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from helpers.system import environ
+
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
     from ray.train import ScalingConfig
@@ -155,16 +157,8 @@ def parquet_read_plan(read_task_bytes: int, footer_actors: int) -> Iterator[None
     # no public API: read_parquet's `override_num_blocks` does not reach the packer (it ignores partition hints), and
     # nothing else sizes the footer readers
     settings = {PARQUET_READ_TASK_BYTES_VAR: str(read_task_bytes), PARQUET_FOOTER_ACTORS_VAR: str(footer_actors)}
-    before = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    try:
+    with environ(**settings):
         yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
 
 
 def gcs_address(ip: str, port: int) -> str:
