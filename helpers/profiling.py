@@ -3,7 +3,8 @@
 Lesson 10's profiled loop labels each phase of a step with `record_function` (`PHASES`) and hands the profiler a
 `StepTrace` as its `on_trace_ready`. `StepTrace` turns the profiled steps into milliseconds per phase and keeps the
 Chrome trace (open it in https://ui.perfetto.dev); `gather_ranks` brings every rank's phases to rank 0.
-The rest is what the lesson does not teach: the models and batches its runs profile, and its tables.
+`training_flops_per_image` counts a model's FLOPs per training image, which lesson 10 sets against the device's
+FLOP/s. The rest is what the lesson does not teach: the models and batches its runs profile, and its tables.
 
 The phases are read on the CPU's timeline, the device here. On a GPU the kernels run asynchronously after the
 CPU launches them: profile with `ProfilerActivity.CUDA` as well and read the GPU's rows of the trace.
@@ -272,3 +273,12 @@ def images_per_s(rounds: list[list[dict]], global_batch_size: int) -> list[float
     """Images per second of each round: the global batch over the slowest rank's median step."""
     return [global_batch_size / (max(rank["step"] for rank in ranks) / 1e3) for ranks in rounds]
 
+
+def training_flops_per_image(model: nn.Module, image_shape: tuple[int, ...]) -> float:
+    """FLOPs of one training step per image: the forward pass counted by torch, times 3 (backward is about 2x)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model.eval()(torch.zeros(2, *image_shape))
+    return 3 * counter.get_total_flops() / 2

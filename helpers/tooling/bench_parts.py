@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from helpers.config import load_config
 from helpers.data import load_mnist
 from helpers.models import resnet18_mnist
+from helpers.profiling import training_flops_per_image
 from helpers.rounds import compare, run_rounds, spread
 from helpers.tooling import ray_internals
 from helpers.training import seed_everything
@@ -61,16 +62,6 @@ def loop_images_per_s(model: nn.Module, batches: Iterator, steps: int, warmup: i
         num_images += len(labels)
     _sync(device)
     return num_images / (time.perf_counter() - started)
-
-
-def training_flops_per_image(model: nn.Module, image_shape: tuple[int, ...]) -> float:
-    """FLOPs of one training step per image: the forward pass counted by torch, times 3 (backward is about 2x)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        model.eval()(torch.zeros(2, *image_shape))
-    return 3 * counter.get_total_flops() / 2
 
 
 def matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
