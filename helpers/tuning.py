@@ -35,6 +35,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from helpers import storage
 from helpers.cluster import (
+    WORKER_GROUP_START_TIMEOUT_VAR,
     Capacity,
     ResourceRequestError,
     cluster_capacity,
@@ -154,7 +155,7 @@ def check_search_resources(scaling_config: ScalingConfig, max_concurrent_trials:
         f"{max_concurrent_trials} trials at once ask for {max_concurrent_trials} x {per_trial} workers x ({ask}), "
         f"and the cluster holds {slots} such worker(s): the workers of only {fit} trial(s) fit at once. The other "
         f"trials would start and wait for theirs, Ray Train logging WorkerGroupStartupTimeoutError every "
-        f"{os.environ.get('RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S', '60')} s until a trial ends.\n"
+        f"{os.environ.get(WORKER_GROUP_START_TIMEOUT_VAR, '60')} s until a trial ends.\n"
         f"To fix it: {f'--max-concurrent-trials {fit}' if flags else f'TuneConfig(max_concurrent_trials={fit})'}.")
 
 
