@@ -9,11 +9,15 @@ on the same machine, or a learner's Ray beside the suite, is never looked at.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+
+from helpers.tooling.local_cluster import LocalCluster
 
 #: The bound on "fails fast": a check that refuses, or reports an error, without waiting for anything slow. The slow
 #: paths these tests guard against take longer: a download's time-outs and retries (minutes), a run that waits for
@@ -66,3 +70,18 @@ def assert_stopped(processes: list[psutil.Process], temp_dir: Path, address: str
     assert [proc for proc in processes if running(proc)] == []
     assert running_processes_naming(temp_dir, address) == []
     assert not temp_dir.exists()
+
+
+@contextlib.contextmanager
+def stopped_after(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """Start `cluster`, yield it, and afterwards stop it and check that nothing of it is left (`assert_stopped`): its
+    processes, listed just before it stops, include the drivers of jobs still running (children of its workers)."""
+    cluster.start()
+    temp_dir, address = cluster.temp_dir, cluster.address
+    assert temp_dir is not None
+    try:
+        yield cluster
+    finally:
+        processes = cluster.processes()
+        cluster.stop()
+    assert_stopped(processes, temp_dir, address)

@@ -28,7 +28,7 @@ from helpers.config import REPO_ROOT
 from helpers.session import runtime_env
 from helpers.system import wait_until
 from helpers.tooling.local_cluster import RAY_CLI, LocalCluster
-from tests.support import assert_stopped, clean_env, running
+from tests.support import clean_env, running, stopped_after
 
 #: A training job of one worker on one CPU.
 TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
@@ -38,15 +38,8 @@ TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
 def cluster(no_ray) -> Iterator[LocalCluster]:
     """A head with no CPUs and one worker node; stopped after the module, and checked gone: its processes, listed
     just before it stops, include the drivers of jobs still running (children of the node's workers)."""
-    local_cluster = LocalCluster(worker_nodes=1, cpus_per_worker_node=2).start()
-    temp_dir, address = local_cluster.temp_dir, local_cluster.address
-    assert temp_dir is not None
-    try:
+    with stopped_after(LocalCluster(worker_nodes=1, cpus_per_worker_node=2)) as local_cluster:
         yield local_cluster
-    finally:
-        processes = local_cluster.processes()
-        local_cluster.stop()
-    assert_stopped(processes, temp_dir, address)
 
 
 @pytest.fixture(scope="module")

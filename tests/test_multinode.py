@@ -36,7 +36,7 @@ from helpers.results import latest_checkpoint_metrics, read_history
 from helpers.session import PREEMPTION_WATCHER_VAR
 from helpers.tooling.local_cluster import LocalCluster
 from helpers.tuning import TRIAL_ID_IN_FOLDER, search_state
-from tests.support import RAY_VARS, assert_stopped, clean_env
+from tests.support import RAY_VARS, clean_env, stopped_after
 
 pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
 
@@ -78,16 +78,9 @@ def last_json_line(output: str) -> dict | list:
 def cluster(no_ray) -> Iterator[LocalCluster]:
     """A head with no CPUs and two worker nodes with 1 CPU each; stopped, and checked gone, after the module."""
     ray_vars = {name: os.environ.get(name) for name in RAY_VARS}
-    local_cluster = LocalCluster(worker_nodes=2, cpus_per_worker_node=1).start()
-    assert {name: os.environ.get(name) for name in RAY_VARS} == ray_vars, "start() changed this process's variables"
-    temp_dir, address = local_cluster.temp_dir, local_cluster.address
-    assert temp_dir is not None
-    try:
+    with stopped_after(LocalCluster(worker_nodes=2, cpus_per_worker_node=1)) as local_cluster:
+        assert {name: os.environ.get(name) for name in RAY_VARS} == ray_vars, "start() changed this process's variables"
         yield local_cluster
-    finally:
-        processes = local_cluster.processes()
-        local_cluster.stop()
-    assert_stopped(processes, temp_dir, address)
 
 
 def test_driver_with_token_sees_three_nodes(cluster: LocalCluster) -> None:
