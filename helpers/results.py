@@ -45,7 +45,8 @@ class MetricsHistory(UserCallback):
     def _append(self, run_context, row: dict[str, Any]) -> None:
         run_config = run_context.get_run_config()
         path = storage.join(run_path(run_config.storage_path, run_config.name), HISTORY_FILE)
-        storage.append_line(path, json.dumps({"event": row.pop("event"), "time": time.time(), **row}, default=str))
+        line = json.dumps({"event": row.pop("event"), "time": time.time(), **row}, default=str)
+        storage.append_line(path, line)  # an object store (s3://) cannot append: there, the file is rewritten
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         nodes = [rank_metrics.get("node_id") for rank_metrics in metrics]

@@ -15,7 +15,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "cifar_rows": None,
         #: The tutorial's ViT (lesson 09).
         "vit": {"num_layers": 12, "num_heads": 8, "hidden_dim": 384, "mlp_dim": 768},
-        #: The rows of MNIST every Tune trial trains and validates on (lesson 07, tune_ray_ddp.py): a cut, so that a
+        #: The rows of MNIST every Tune trial trains and validates on (lesson 11, tune_ray_ddp.py): a cut, so that a
         #: search of 8 whole runs takes minutes on a laptop.
         "search_rows": {"train": 6000, "valid": 1000},
         #: tune_ray_ddp.py's search without flags: trials, and epochs per trial (ASHA may stop a trial earlier).

@@ -86,8 +86,11 @@ def wait_until_in(run_name: str, rank: int, function: str, timeout_s: float = 30
             return None  # py-spy could not read it this time: try again
         return workers if any(frame.startswith(f"{function} (") for frame in frames) else None
 
-    return wait_until(reached, timeout_s, 1, what=f"rank {rank} of {run_name} reaching {function}() (is "
-                      "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set? run_workers needs it)")
+    try:
+        return wait_until(reached, timeout_s, 1, what=f"rank {rank} of {run_name} reaching {function}()")
+    except TimeoutError:
+        raise TimeoutError(f"rank {rank} of {run_name} did not reach {function}() in {timeout_s:.0f} s; is "
+                           "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set (run_workers needs it)?") from None
 
 
 # --- Lab D: memory ---------------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def test_a_recorded_host_that_never_answers_is_passed_over_within_the_timeout(ra
     record(ray_tmpdir, "192.0.2.1:6379")
     started = time.monotonic()
     target = ray_target(load_config({}), timeout_s=PROBE_TIMEOUT_S)
-    assert time.monotonic() - started < RECORDED_CLUSTER_TIMEOUT_S, "the probe waited longer than it was told"
+    assert time.monotonic() - started < PROBE_TIMEOUT_S + 1, "the probe waited longer than it was told"
     assert target.address is None and "names the cluster 192.0.2.1:6379, which does not answer" in target.passed_over
 
 

@@ -17,7 +17,6 @@ from helpers import load_config, setup
 from helpers.cluster import plan_workers
 from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get, logger_level, name_this_cluster
 from helpers.tooling import ray_internals
-from tests.support import FAILS_FAST_S
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +145,7 @@ def test_setup_drops_ray_datas_cpu_warning_only_when_cpus_come_back(ray_setup, c
         finally:
             remove_placement_group(every_cpu)
     assert [record.getMessage() for record in caplog.records] == ["some other warning", message]
-    assert CPU_RACE_WAIT_S <= waited < CPU_RACE_WAIT_S + FAILS_FAST_S, "it waits CPU_RACE_WAIT_S, then stops waiting"
+    assert CPU_RACE_WAIT_S <= waited < 2 * CPU_RACE_WAIT_S, "it waits CPU_RACE_WAIT_S, then stops waiting"
 
 
 @pytest.mark.ray

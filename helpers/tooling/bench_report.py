@@ -44,7 +44,7 @@ def machine(argv: list[str] | None = None) -> dict:
 # ---- the tables ----------------------------------------------------------------------------------------------------
 
 def format_report(report: dict) -> str:
-    """The report as the tables the command prints: median (min-max) per figure, then each comparison."""
+    """The report as the tables the command prints: median [min-max] per figure, then each comparison."""
     lines = [f"machine: {report['machine']['cpu']} ({report['machine']['logical_cpus']} logical CPUs), "
              f"GPU: {report['machine']['gpu'] or 'none'}; {report['rounds']} round(s)"]
     for part in PARTS:

@@ -55,9 +55,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     os.environ[VARIABLE] = folder
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+@pytest.hookimpl(trylast=True)  # after leftover_processes, which ends what still runs and may fail the session
+def pytest_sessionfinish(session: pytest.Session) -> None:
     for folder in _made:
-        if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             shutil.rmtree(folder, ignore_errors=True)
         elif Path(folder).exists():
             print(f"\nThis session's runs and summaries ({VARIABLE}) are kept in {folder}")
