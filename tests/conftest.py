@@ -12,12 +12,15 @@
   numbers: lesson 02's loop evaluates the whole test set on every worker, most of a smoke run's time with the real
   10,000 images.
 - `s3_server`, `s3_path`: a real S3 API server on 127.0.0.1 (moto's server mode), for tests of `s3://` storage paths.
+- `ray_tmpdir`: a private RAY_TMPDIR for one test, where a recorded cluster's file goes.
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -183,3 +186,13 @@ def s3_server() -> Iterator[S3Server]:
 def s3_path(s3_server: S3Server) -> str:
     """`s3://<fresh bucket>/course`: a storage path in a new, empty bucket on the module's S3 server."""
     return f"{s3_server.bucket()}/course"
+
+
+@pytest.fixture
+def ray_tmpdir(monkeypatch) -> Iterator[Path]:
+    """A private RAY_TMPDIR for this test (short: Ray's socket paths live under it), with its `ray` folder."""
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    (folder / "ray").mkdir()
+    monkeypatch.setenv("RAY_TMPDIR", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

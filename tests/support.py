@@ -1,6 +1,6 @@
 """What several test modules share that is not a fixture: bounds on wall-clock time, the environment of a driver
-that joins a test's own cluster, and checks that a test's own processes are gone. (Test modules import from here,
-never from each other.)
+that joins a test's own cluster, and checks that a test's own processes are gone; and the helpers that a module's
+fast tests and its `_ray` or `_notebook` module both use. (Test modules import from here, never from each other.)
 
 Every process check here looks only at the processes of the test's own cluster or session: processes it listed
 before they stopped, or processes whose command line names its own temp dir or GCS address. Another test session
@@ -15,8 +15,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import nbformat
 import psutil
 
+from helpers.cluster import Capacity, plan_workers
+from helpers.config import REPO_ROOT, load_config
+from helpers.system import free_ports
 from helpers.tooling.local_cluster import LocalCluster
 
 #: The bound on "fails fast": a check that refuses, or reports an error, without waiting for anything slow. The slow
@@ -85,3 +89,49 @@ def stopped_after(cluster: LocalCluster) -> Iterator[LocalCluster]:
         processes = cluster.processes()
         cluster.stop()
     assert_stopped(processes, temp_dir, address)
+
+
+# --- Helpers of a module's fast tests and of its `_ray` or `_notebook` module -------------------------------------
+
+#: test_cluster: a laptop of 2 CPUs, as helpers.cluster sees it.
+LAPTOP = Capacity([{"CPU": 2.0, "memory": 1e10}])
+
+
+def plan(capacity: Capacity, **variables: str):
+    """test_cluster: the workers `plan_workers` plans on `capacity` for the configuration `variables` make."""
+    return plan_workers(load_config(variables), capacity=capacity)
+
+
+def notebook(path: Path, *cells: str) -> None:
+    """test_gpu_lane: write a notebook of these code cells to `path`."""
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells]), path)
+
+
+def lab_recipe() -> str:
+    """test_lab: the command of the Makefile's `lab` recipe."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    return re.search(r"^lab:.*\n\t(.+)$", makefile, flags=re.M).group(1)
+
+
+def record(ray_tmpdir: Path, address: str) -> Path:
+    """Write `address` where `ray start` records its cluster under `ray_tmpdir`; return the file."""
+    file = ray_tmpdir / "ray" / "ray_current_cluster"
+    file.write_text(address)
+    return file
+
+
+def dead_address() -> str:
+    """127.0.0.1 and a port that was free a moment ago: nothing listens there."""
+    return f"127.0.0.1:{free_ports(host='127.0.0.1')[0]}"
+
+
+def passed_over_line(file: Path, address: str, why: str) -> str:
+    """The one line `start_ray` prints when it passes over the dead cluster at `address` recorded in `file`."""
+    return (f"Ray: {file} names the cluster {address}, which does not answer ({why}), so a local Ray starts instead. "
+            f"That file is left over from a Ray that ended without `ray stop`: delete it (rm {file}), or set "
+            "RAY_ADDRESS=local to always start a local Ray (`ray stop` deletes it too, but stops every Ray on this "
+            "machine).")
+
+
+#: test_streaming: a synthetic dataset of 2 MiB, 168 images.
+TINY_GB = 0.002

@@ -1,18 +1,19 @@
 """helpers.tooling.gpu_lane and run_recorder, without a GPU: which lessons run, their budgets, the report's layout, and
-each Ray Train run's start-up split, from real kernels and a real Ray Train run."""
+each Ray Train run's start-up split, from real kernels and a real Ray Train run.
+
+The lane run for real, in kernels with Ray: tests/test_gpu_lane_ray.py.
+"""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 
 from helpers.tooling import gpu_lane
-from helpers.tooling.gpu_lane import LESSONS, NOT_IN_LANE, NOTEBOOKS, Lesson, budgets, run_lane, select
+from helpers.tooling.gpu_lane import LESSONS, NOT_IN_LANE, NOTEBOOKS, budgets, run_lane, select
 from helpers.tooling.run_recorder import summarize_runs
 
 
@@ -87,85 +88,6 @@ def test_the_start_up_is_split_between_ray_and_the_course():
                  "to_first_report_s": 18.5, "test_acc": 0.7, "images_per_s": 20.0, "device": None}
     assert (b["data_and_model_s"], b["ray_startup_s"], b["finished"]) == (10.0, 6.0, False)
     assert (c["reports"], c["workers_s"], c["ray_startup_s"], c["data_and_model_s"]) == (0, None, None, None)
-
-
-def notebook(path: Path, *cells: str) -> None:
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells]), path)
-
-
-#: A lesson in miniature: the course's setup(), a Ray Train run whose loop reports when its epoch began, a summary.
-TRAINS = ['from helpers import setup\ncfg = setup()', '''
-import time
-import ray.train
-from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
-
-def loop(config):
-    time.sleep(0.5)  # the course's part: reading data, building the model
-    for epoch in range(2):
-        started_at = time.time()
-        ray.train.report({"epoch": epoch, "test_acc": 0.5 + epoch / 4, "images_per_s": 100.0,
-                          "epoch_started_at": started_at})
-
-result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=1),
-                      run_config=RunConfig(storage_path=cfg.storage_path, name="lane-test")).fit()''',
-          'from helpers.runs import save_summary\nsave_summary(cfg.storage_path, "lane_test", {"mode": cfg.mode})']
-
-
-@pytest.mark.ray
-@pytest.mark.notebook
-def test_the_lane_runs_each_notebook_in_full_mode_and_reports_what_happened(tmp_path):
-    folder = tmp_path / "notebooks"
-    folder.mkdir()
-    notebook(folder / "t1_trains.ipynb", *TRAINS)
-    pid_file = tmp_path / "actor.pid"
-    notebook(folder / "t2_slow.ipynb", "import os, time, ray\nray.init(num_cpus=1, include_dashboard=False)",
-             f"@ray.remote\nclass A:\n    def pid(self):\n        return os.getpid()\n\na = A.remote()\n"
-             f"open({str(pid_file)!r}, 'w').write(str(ray.get(a.pid.remote())))", "time.sleep(600)", "print('never')")
-    notebook(folder / "t3_fails.ipynb", "x = 1", "raise ValueError('the first error')", "print('never')")
-    before = (folder / "t1_trains.ipynb").read_bytes()
-    lessons = [Lesson("t1", "t1_trains.ipynb", 300), Lesson("t2", "t2_slow.ipynb", 300), Lesson("t3", "t3_fails.ipynb",
-                                                                                                    300)]
-    report_path, out = tmp_path / "gpu.json", tmp_path / "out"
-
-    report = run_lane(lessons, out, report_path, {"t2": 20}, [], ["--lessons", "t1", "t2", "t3"],
-                      notebooks_dir=folder)
-
-    assert json.loads(report_path.read_text()) == report == json.loads((out / "gpu.json").read_text())
-    assert report["schema"] == 1 and report["mode"] == "full" and report["machine"]["gpus"] == []
-    assert {"cuda", "torch", "ray", "python", "cpus"} <= report["machine"].keys()
-    by_number = {lesson["lesson"]: lesson for lesson in report["lessons"]}
-    assert [by_number[number]["status"] for number in LESSONS] == ["not run"] * len(LESSONS)
-    trained, slow, failed = by_number["t1"], by_number["t2"], by_number["t3"]
-
-    assert (trained["status"], trained["error"], trained["cells_run"], trained["cells"]) == ("passed", None, 3, 3)
-    assert trained["summaries"] == {"lane_test": {"mode": "full"}}, "the lane runs lessons in full mode"
-    (run,) = trained["runs"]
-    assert (run["run"], run["num_workers"], run["reports"], run["finished"], run["test_acc"]) == ("lane-test", 1, 2,
-                                                                                                   True, 0.75)
-    assert 0 < run["ray_startup_s"] < trained["wall_s"] and 0.4 < run["data_and_model_s"] < 30
-    assert run["ray_startup_s"] == pytest.approx(run["controller_s"] + run["workers_s"] + run["process_group_s"],
-                                                 abs=0.05)
-    executed = nbformat.read(out / "t1_trains.ipynb", as_version=4)
-    assert "full" in "".join(output.get("text", "") for output in executed.cells[0].outputs)
-    assert (folder / "t1_trains.ipynb").read_bytes() == before, "the committed notebook is never written"
-
-    assert (slow["status"], slow["cells_run"], slow["failed_cell"], slow["budget_s"]) == ("timed out", 2, 2, 20)
-    assert slow["error"] == "over its budget of 20 s, in cell 2" and 15 < slow["wall_s"] < 90
-    actor = int(pid_file.read_text())
-    assert not _alive_after(actor, 30), "the lesson's Ray outlived the lane's stop"
-
-    assert (failed["status"], failed["failed_cell"], failed["error"]) == ("failed", 1, "ValueError: the first error")
-    assert failed["gpu"] is None and failed["runs"] == [] and failed["cells_run"] == 1
-
-
-def _alive_after(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return False
-        time.sleep(0.5)
-    return True
 
 
 def test_the_recorder_is_named_where_ray_train_looks_for_it():

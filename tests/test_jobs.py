@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import subprocess
 import zipfile
 from collections.abc import Iterator
@@ -25,10 +24,11 @@ import requests
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from helpers.config import REPO_ROOT
-from helpers.session import runtime_env
 from helpers.system import wait_until
 from helpers.tooling.local_cluster import RAY_CLI, LocalCluster
 from tests.support import clean_env, running, stopped_after
+
+pytestmark = pytest.mark.ray  # every test here uses the module's cluster
 
 #: A training job of one worker on one CPU.
 TRAIN = "train_ray_ddp.py --num-workers 1 --epochs 1"
@@ -119,7 +119,6 @@ def training_job(cluster: LocalCluster, auth: dict[str, str], job_env: dict[str,
     return FinishedJob("train-rest", status, client.get_job_logs("train-rest"))
 
 
-@pytest.mark.ray
 def test_the_jobs_api_answers_only_with_the_token(cluster: LocalCluster, auth: dict[str, str]) -> None:
     api = f"{cluster.dashboard_url}/api/jobs/"
     assert requests.get(api, timeout=30).status_code == 401
@@ -128,7 +127,6 @@ def test_the_jobs_api_answers_only_with_the_token(cluster: LocalCluster, auth: d
     assert requests.get(api, headers=auth, timeout=30).status_code == 200
 
 
-@pytest.mark.ray
 def test_the_cli_sends_the_token_only_with_ray_auth_mode(cluster: LocalCluster) -> None:
     refused = cli(cluster, "list", token=False)
     assert refused.returncode != 0
@@ -138,7 +136,6 @@ def test_the_cli_sends_the_token_only_with_ray_auth_mode(cluster: LocalCluster) 
     assert listed.returncode == 0, listed.stderr
 
 
-@pytest.mark.ray
 def test_a_training_job_succeeds_and_leaves_its_checkpoint_on_storage(
         training_job: FinishedJob, job_env: dict[str, str]) -> None:
     status, logs = training_job.status, training_job.logs
@@ -151,7 +148,6 @@ def test_a_training_job_succeeds_and_leaves_its_checkpoint_on_storage(
     assert any(checkpoint.iterdir()), "the checkpoint folder is empty"
 
 
-@pytest.mark.ray
 def test_the_cli_reports_status_and_logs(cluster: LocalCluster, training_job: FinishedJob,
                                          client: JobSubmissionClient) -> None:
     job_id = training_job.submission_id  # ended: the CLI reports it, then deletes it
@@ -166,7 +162,6 @@ def test_the_cli_reports_status_and_logs(cluster: LocalCluster, training_job: Fi
     assert job_id not in [job.submission_id for job in client.list_jobs()]
 
 
-@pytest.mark.ray
 def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster, client: JobSubmissionClient) -> None:
     # A driver that would run for 10 minutes; lesson 07 stops a training run the same way, through REST.
     entrypoint = "python -c 'import time; print(\"started\", flush=True); time.sleep(600)'"
@@ -183,19 +178,3 @@ def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster
     response = requests.delete(f"{cluster.dashboard_url}/api/jobs/long",
                                headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30)
     assert response.status_code == 200 and response.json() == {"deleted": True}
-
-
-def test_the_courses_runtime_env_leaves_the_jobs_own_settings_to_the_job(monkeypatch) -> None:
-    # What the course's scripts pass to ray.init inside a job: Ray refuses to merge fields or variables set twice.
-    from helpers.config import load_config
-
-    job = {"working_dir": "gcs://_ray_pkg_0.zip", "py_modules": ["gcs://_ray_pkg_1.zip"],
-           "env_vars": {"COURSE_STORAGE_PATH": "/shared", "COURSE_SMOKE_TEST": "1"}}
-    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": job}))
-    ours = runtime_env(load_config({"COURSE_STORAGE_PATH": "/shared"}))
-    assert "py_modules" not in ours and "working_dir" not in ours
-    assert "worker_process_setup_hook" not in ours, "the hook imports helpers, which only py_modules would ship"
-    assert not set(ours["env_vars"]) & set(job["env_vars"]), "variables set twice make ray.init fail"
-    assert "COURSE_DATA_DIR" in ours["env_vars"], "the settings the job does not set still reach the workers"
-    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    assert set(runtime_env(load_config({}))) == {"py_modules", "env_vars", "worker_process_setup_hook"}

@@ -2,6 +2,8 @@
 
 The scripts' training runs are tested on a real multi-node cluster (tests/test_multinode.py), with 1 and 2
 workers; two workers there take every CPU of the cluster, as one worker per CPU does on a laptop.
+
+The refusals that start Ray first: tests/test_scripts_ray.py.
 """
 
 from __future__ import annotations
@@ -9,43 +11,11 @@ from __future__ import annotations
 import ast
 import functools
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from helpers.config import REPO_ROOT
-from tests.support import RAY_START_THEN_FAILS_S
-
-SCRIPT = REPO_ROOT / "notebooks" / "train_ray_ddp.py"
-
-
-#: Requests the script must refuse before training, each with the course's error. Each run starts its own local Ray
-#: (about 15 s here), so the module starts them all at once.
-REFUSED = {
-    "gpu": ["--use-gpu", "--smoke-test"],
-    "64 workers": ["--num-workers", "64", "--smoke-test"],
-    "unwritable storage": ["--num-workers", "1", "--smoke-test", "--storage-path", "/dev/null/runs"],
-}
-
-
-@pytest.fixture(scope="module")
-def refused(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, float]]:
-    """Each of REFUSED's runs of the script, run side by side: its outcome and its wall time in seconds."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    started, runs = time.monotonic(), {}
-    for name, args in REFUSED.items():
-        if "--storage-path" not in args:
-            args = [*args, "--storage-path", str(tmp_path_factory.mktemp("storage"))]
-        runs[name] = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT)
-    done = {}
-    for name, run in runs.items():
-        stdout, stderr = run.communicate(timeout=300)
-        done[name] = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr), time.monotonic() - started
-    return done
 
 
 def _parser_call(script: Path) -> tuple[str, dict[str, object]]:
@@ -86,33 +56,6 @@ def test_use_gpu_flags_default_to_the_configuration():
     assert parse_args("x", []).use_gpu is None, "unset: COURSE_USE_GPU decides (auto: GPUs when the cluster has any)"
     assert parse_args("x", ["--use-gpu"]).use_gpu is True
     assert parse_args("x", ["--no-use-gpu"]).use_gpu is False
-
-
-@pytest.mark.ray  # the scripts start Ray
-def test_use_gpu_on_a_machine_without_gpus_says_what_to_change(refused):
-    done, wall_s = refused["gpu"]
-    assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "error: GPUs were asked for (COURSE_USE_GPU=true, or a script's --use-gpu), but the Ray cluster has no " \
-           "GPU" in done.stderr
-    assert wall_s < RAY_START_THEN_FAILS_S  # Ray's start-up (three at once) included; the check is instant
-
-
-@pytest.mark.ray  # the scripts start Ray
-def test_train_ray_ddp_refuses_an_impossible_request_with_the_courses_error(refused):
-    done, wall_s = refused["64 workers"]
-    assert done.returncode != 0
-    assert "error: This run can never start: it asks for 64 workers" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert wall_s < RAY_START_THEN_FAILS_S
-
-
-@pytest.mark.ray  # the scripts start Ray
-def test_train_ray_ddp_refuses_a_storage_path_it_cannot_write_before_training(refused):
-    done, wall_s = refused["unwritable storage"]
-    assert done.returncode != 0
-    assert "error: Runs cannot be written to the storage path /dev/null/runs: Not a directory." in done.stderr
-    assert "COURSE_STORAGE_PATH" in done.stderr and "Traceback" not in done.stderr
-    assert wall_s < RAY_START_THEN_FAILS_S
 
 
 def test_a_course_error_raised_in_a_worker_is_printed_as_one_line():
