@@ -13,6 +13,7 @@
   10,000 images.
 - `s3_server`, `s3_path`: a real S3 API server on 127.0.0.1 (moto's server mode), for tests of `s3://` storage paths.
 - `ray_tmpdir`: a private RAY_TMPDIR for one test, where a recorded cluster's file goes.
+- `root`: a dataset's root that does not exist yet, local and on S3, for the shared datasets' race.
 """
 
 from __future__ import annotations
@@ -196,3 +197,13 @@ def ray_tmpdir(monkeypatch) -> Iterator[Path]:
     monkeypatch.setenv("RAY_TMPDIR", str(folder))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path) -> str:
+    """test_shared_datasets: a dataset's root that does not exist yet, under `tmp_path` or in a fresh S3 bucket."""
+    from helpers import storage
+
+    if request.param == "local":
+        return str(tmp_path / "storage" / "datasets" / "test-set")
+    return storage.join(request.getfixturevalue("s3_path"), "datasets", "test-set")
