@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 # environment and must keep Jupyter's inline backend.)
 matplotlib.use("Agg")
 
-#: Fixtures that start Ray in the test process. A test's tier is its marker, set by hand (`pytestmark` for a module
-#: whose tests all start Ray, else on each test); collection fails when a test that uses one of these lacks `ray`.
+#: Fixtures that start Ray in the test process. A test's tier is its module's: `pytestmark` at the module's top (`ray`
+#: or `notebook`; none for the fast tier); collection fails when a test that uses one of these lacks `ray`.
 RAY_FIXTURES = {"course_ray", "no_ray", "mnist_parquet"}
+#: The tiers' markers; a module that mixes tiers fails collection too.
+TIERS = ("ray", "notebook")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,7 +51,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 if RAY_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("ray") is None]
     if untiered:
         raise pytest.UsageError("These tests start Ray (they use one of " + ", ".join(sorted(RAY_FIXTURES)) +
-                                ") but are not marked `ray`: add @pytest.mark.ray\n  " + "\n  ".join(untiered))
+                                ") but are not marked `ray`: move them to a module with "
+                                "`pytestmark = pytest.mark.ray`\n  " + "\n  ".join(untiered))
+    tiers: dict[str, set[str]] = {}
+    for item in items:
+        tier = "+".join(name for name in TIERS if item.get_closest_marker(name)) or "fast"
+        tiers.setdefault(item.nodeid.split("::")[0], set()).add(tier)
+    mixed = {module: sorted(found) for module, found in tiers.items() if len(found) > 1}
+    if mixed:
+        raise pytest.UsageError("A test module holds tests of one tier, set by its `pytestmark`; these mix tiers:\n  " +
+                                "\n  ".join(f"{module}: {', '.join(found)}" for module, found in sorted(mixed.items())))
 
 
 _started: dict[str, CourseConfig] = {}  # the configuration setup() returned, while its Ray is up
