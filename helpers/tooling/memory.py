@@ -130,6 +130,10 @@ class MemorySampler:
             except Exception:  # noqa: BLE001 - a failed sample must not end the sampling
                 pass
 
+    def started(self) -> bool:
+        """True once sampling runs (an actor's methods run after its __init__, which reads the store's start)."""
+        return True
+
     def stop(self) -> dict[str, Any]:
         """Stop sampling; the peaks (bytes), each process seen, and what the object store spilled meanwhile."""
         self._stop.set()
@@ -182,6 +186,9 @@ class MemoryPeaks:
             .remote(node["NodeManagerAddress"], node["NodeManagerPort"], self.interval_s)
             for node in nodes
         ]
+        # Wait until every sampler samples: a run started before would go partly unseen (its first tasks' peaks, the
+        # objects they created before the sampler read the store's start).
+        ray.get([sampler.started.remote() for sampler in self._samplers], timeout=120)
         self._node_names = [node["NodeName"] for node in nodes]
         self._driver = _DriverSampler(self.interval_s)
         self._driver.start()
