@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from helpers import storage
+from helpers.system import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Preparers released together: three, as lessons 03, 05 and 11 were (two suffice to clobber a copy).
@@ -31,16 +32,6 @@ CIFAR_ROWS = {"train": 50, "test": 20}
 
 
 # --- One preparer (a process of its own) --------------------------------------------------------------------------
-
-def _wait_for(condition, what: str, timeout_s: float = 120.0, every_s: float = 0.02):
-    """`condition()`'s first true value, polled; TimeoutError after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"Still waiting for {what} after {timeout_s:.0f} s")
-        time.sleep(every_s)
-    return value
-
 
 def _slow_writer(hang: bool):
     """A writer for `write_once` that takes its time: FILES files, each saying which process wrote it."""
@@ -79,7 +70,7 @@ def _prepare(spec: dict) -> dict:
         ray.data.DataContext.get_current().enable_progress_bars = False
     if spec.get("go"):  # ready: wait for the others, so that every preparer looks for a copy at the same moment
         Path(spec["go"]).with_name(f"ready-{os.getpid()}").touch()
-        _wait_for(lambda: Path(spec["go"]).exists(), "the go file")
+        wait_until(lambda: Path(spec["go"]).exists(), 120, 0.02, "the go file")
 
     if dataset == "mechanism":
         folder = storage.write_once(spec["root"], _slow_writer(hang))
@@ -143,7 +134,7 @@ def _kill_while_writing(process: subprocess.Popen, root: str, data_suffix: str) 
         return next((copy for copy in storage.incomplete_copies(root)
                      if any(path.endswith(data_suffix) for path, _, _ in _listing(copy))), None)
 
-    leftover = _wait_for(writing, "the first preparer's first data file", every_s=0.01)
+    leftover = wait_until(writing, 120, 0.01, "the first preparer's first data file")
     process.kill()
     process.wait()
     listings = [_listing(leftover)]
@@ -164,7 +155,7 @@ def killed_then_concurrent(spec: dict, root: str, logs: Path, data_suffix: str, 
     others = [_start({**spec, "go": str(go)}, logs) for _ in range(CONCURRENT)]  # they start Ray meanwhile
     try:
         leftover, files = _kill_while_writing(doomed, root, data_suffix)
-        _wait_for(lambda: len(list(go.parent.glob("ready-*"))) == CONCURRENT, "every preparer ready")
+        wait_until(lambda: len(list(go.parent.glob("ready-*"))) == CONCURRENT, 120, 0.02, "every preparer ready")
         go.touch()
         results = [_result(process) for process in others]
     finally:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import nbformat
 import psutil
 import pytest
 
+from helpers.system import wait_until
 from helpers.tooling.gpu_lane import LESSONS, Lesson, run_lane
 from tests.support import notebook
 
@@ -80,9 +80,9 @@ def test_the_lane_runs_each_notebook_in_full_mode_and_reports_what_happened(tmp_
 
 
 def _alive_after(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return False
-        time.sleep(0.5)
-    return True
+    try:
+        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                   seconds, 0.5, f"process {pid} ending")
+    except TimeoutError:
+        return True
+    return False

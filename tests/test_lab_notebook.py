@@ -16,14 +16,10 @@ import pytest
 from tornado.websocket import websocket_connect
 
 from helpers.config import REPO_ROOT
-from helpers.system import free_ports
+from helpers.system import free_ports, wait_until
 from tests.support import lab_recipe as _lab_recipe
 
 pytestmark = pytest.mark.notebook  # JupyterLab and a kernel
-
-
-def _free_port() -> int:
-    return free_ports(host="127.0.0.1")[0]
 
 
 def _request(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, object]:
@@ -69,7 +65,7 @@ async def _run_in_kernel(ws_url: str, code: str, timeout: float = 60) -> str:
 @pytest.fixture
 def lab(tmp_path):
     """JupyterLab started as `make lab` starts it, plus a fixed token and port, headless."""
-    port, token = _free_port(), uuid.uuid4().hex
+    (port,), token = free_ports(host="127.0.0.1"), uuid.uuid4().hex
     _jupyter, _lab, *options = _lab_recipe().split()  # "$(BIN)/jupyter lab --ServerApp.ip=... ..."
     options = [option for option in options if not option.startswith(("--ServerApp.port=", "$("))]
     options += ["--allow-root"] if os.geteuid() == 0 else []
@@ -80,16 +76,14 @@ def lab(tmp_path):
     server = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
+        def answers() -> bool:
             assert server.poll() is None, f"JupyterLab exited early:\n{(tmp_path / 'lab.log').read_text()}"
             try:
-                if _request(f"{base}/api/status?token={token}")[0] == 200:
-                    break
+                return _request(f"{base}/api/status?token={token}")[0] == 200
             except OSError:
-                pass
-            assert time.monotonic() < deadline, "JupyterLab's API did not answer within 120 s"
-            time.sleep(1)
+                return False
+
+        wait_until(answers, 120, 1, "JupyterLab's API answering")
         yield base, token
         _request(f"{base}/api/shutdown?token={token}", method="POST")
         server.wait(timeout=30)

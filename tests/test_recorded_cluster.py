@@ -1,7 +1,8 @@
 """A cluster that `ray start` recorded on this machine and that has died since must not hang the course.
 
 `ray start --head` writes its address to `$RAY_TMPDIR/ray/ray_current_cluster` (/tmp/ray/... by default) and only
-`ray stop` deletes it; a plain `ray.init()` joins that address and, when nothing answers there, waits without end.
+Ray's own stop command deletes it; a plain `ray.init()` joins that address and, when nothing answers there, waits
+without end.
 `helpers.session.ray_target` asks the recorded GCS first: a dead one is passed over with one line, a live one is
 joined as a cluster (tests/test_multinode.py joins a real one). Every test here points RAY_TMPDIR at a private folder:
 the machine's own /tmp/ray/ray_current_cluster, which other Rays may use, is never read or written.

@@ -1,8 +1,35 @@
-"""helpers.rounds: spreads and the two verdict rules (spread, verdict, compare: tests/test_bench.py); helpers.sizes."""
+"""helpers.rounds: spreads and the two verdict rules; helpers.sizes."""
 
 from __future__ import annotations
 
-from helpers.rounds import ranges_verdict, spread, spread_text
+import pytest
+
+from helpers.rounds import compare, ranges_verdict, spread, spread_text, verdict
+
+
+def test_spread_is_median_min_max_with_the_rounds():
+    assert spread([3, 1, 2]) == {"median": 2.0, "min": 1.0, "max": 3.0, "rounds": [3.0, 1.0, 2.0]}
+
+
+@pytest.mark.parametrize(("ratios", "expected"), [
+    ([1.1, 1.2, 1.05, 1.3, 1.01], "faster in every round"),
+    ([0.9, 0.8, 0.95], "slower in every round"),
+    ([0.86, 1.13, 0.99, 1.02, 0.97], "no measurable difference"),  # a median below 1, inside the spread
+    ([1.5, 1.6], "no verdict from 2 round(s)"),
+    ([2.0], "no verdict from 1 round(s)"),
+])
+def test_a_verdict_needs_every_round_to_agree(ratios, expected):
+    assert verdict(ratios) == expected
+
+
+def test_compare_takes_the_ratio_within_each_round():
+    # b is faster on average, but a beats b in every round: only within-round ratios see that
+    runs = {"a": [100, 200, 300], "b": [90, 190, 290]}
+    comparison = compare(runs, "a", "b")
+    assert comparison["verdict"] == "faster in every round"
+    assert comparison["ratio"]["rounds"] == pytest.approx([100 / 90, 200 / 190, 300 / 290])
+    with pytest.raises(ValueError):
+        compare({"a": [1, 2], "b": [1]}, "a", "b")
 
 
 def test_spread_text_is_median_min_max():

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from helpers.config import load_config, load_dotenv_file
-from helpers.rounds import compare, rotated, run_rounds, spread, verdict
+from helpers.rounds import compare, run_rounds, spread, verdict
 from helpers.tooling.bench_parts import (
     bench_data,
     bench_ddp,
@@ -70,7 +70,7 @@ QUICK_DEVICE_STEPS = (2, 1)
 
 __all__ = [  # what lessons 03 and 10 and the tests use as `bench.<name>`, from the modules that hold it
     "PARTS", "compare", "comparisons_table", "controller_records", "copy_gb_per_s", "figures_table", "format_report",
-    "loop_images_per_s", "main", "matmul_tflops", "parse_args", "recorded_report", "rest_of_fit", "rotated",
+    "loop_images_per_s", "main", "matmul_tflops", "parse_args", "recorded_report", "rest_of_fit",
     "run_rounds", "spread", "startup_phases", "training_flops_per_image", "verdict",
 ]
 
