@@ -20,8 +20,8 @@ it lists:
     08_kuberay                            exercises, tooling.kuberay
     09_capstone_cifar10_vit               capstone, cifar, cluster, display, exercises, ingest, plots, runs, storage,
                                           training
-    10_performance                        cifar, cluster, config, display, exercises, models, plots, profiling, runs,
-                                          storage, streaming, tooling.bench
+    10_performance                        cifar, cluster, config, display, exercises, models, plots, profiling, rounds,
+                                          runs, storage, streaming, tooling.bench
     11_hyperparameter_search              cluster, display, exercises, fault_tolerance, inference, ingest, plots, runs,
                                           storage, tuning
     train_ray_ddp.py                      cluster, config, ddp, results, runs, session, sizes, tooling.scripts

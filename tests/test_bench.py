@@ -1,4 +1,6 @@
-"""helpers.tooling.bench: its timed loop, its FLOP counts, its start-up phases, its report (statistics: test_rounds).
+"""helpers.tooling.bench: its timed loop, the FLOP counts it reports, its start-up phases, its report.
+
+Statistics: test_rounds; FLOP counts come from helpers.profiling.
 
 Against the pinned Ray's controller log: tests/test_bench_ray.py.
 """
@@ -11,17 +13,19 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.profiling import training_flops_per_image
+from helpers.rounds import compare, run_rounds, spread
 from helpers.tooling import bench
 
 
 def test_rounds_rotate_so_no_variant_always_runs_first():
     order = []
     variants = {name: (lambda name=name: order.append(name) or len(order)) for name in "xyz"}
-    runs = bench.run_rounds(variants, rounds=3)
+    runs = run_rounds(variants, rounds=3)
     assert order == list("xyz" "yzx" "zxy")
     assert runs == {"x": [1, 6, 8], "y": [2, 4, 9], "z": [3, 5, 7]}
     order.clear()
-    assert bench.run_rounds(variants, rounds=1, warmup=True) == {"x": [2], "y": [3], "z": [4]}
+    assert run_rounds(variants, rounds=1, warmup=True) == {"x": [2], "y": [3], "z": [4]}
     assert order == list("xxyz"), "the warm-up run of the first variant is dropped"
 
 
@@ -50,9 +54,9 @@ def test_the_timed_loop_trains_in_the_asked_precision_and_layout(bf16, channels_
 
 def test_training_flops_are_three_forward_passes_per_image():
     linear = nn.Linear(100, 10)
-    assert bench.training_flops_per_image(linear, (100,)) == 3 * 2 * 100 * 10
+    assert training_flops_per_image(linear, (100,)) == 3 * 2 * 100 * 10
     conv = nn.Conv2d(3, 8, kernel_size=3)  # output 8 x 6 x 6, each output 3*3*3 multiply-adds
-    assert bench.training_flops_per_image(conv, (3, 8, 8)) == 3 * 2 * (8 * 6 * 6) * (3 * 3 * 3)
+    assert training_flops_per_image(conv, (3, 8, 8)) == 3 * 2 * (8 * 6 * 6) * (3 * 3 * 3)
 
 
 def test_the_device_limits_are_measured():
@@ -102,8 +106,8 @@ def test_the_command_line_takes_parts_and_flags_in_any_order():
 def test_the_printed_table_gives_median_spread_and_verdict():
     runs = {"a": [110.0, 120.0, 130.0], "b": [100.0, 100.0, 100.0]}
     report = {"machine": {"cpu": "a CPU", "logical_cpus": 2, "gpu": None}, "rounds": 3,
-              "ddp": {"images_per_s": {k: bench.spread(v) for k, v in runs.items()},
-                      "comparisons": [bench.compare(runs, "a", "b")]}}
+              "ddp": {"images_per_s": {k: spread(v) for k, v in runs.items()},
+                      "comparisons": [compare(runs, "a", "b")]}}
     table = bench.format_report(report)
     assert "a CPU (2 logical CPUs), GPU: none; 3 round(s)" in table
     assert "120.0 images/s [110.0-130.0]" in table

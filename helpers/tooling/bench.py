@@ -23,7 +23,8 @@ How it stays honest on a small, shared machine (+-20% between two windows here):
   agree ("faster in every round"); otherwise the difference is inside the spread ("no measurable difference").
 
 This module is the command; the parts' measurements are in `bench_parts`, the report and its tables in `bench_report`,
-the rounds, spreads and verdicts in `helpers.rounds`. Every name lessons 03 and 10 use is importable from here.
+the rounds, spreads and verdicts in `helpers.rounds`, the FLOP count in `helpers.profiling`. Lessons 03 and 10 read
+the recorded report through the names below.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from pathlib import Path
 import torch
 
 from helpers.config import load_config, load_dotenv_file
-from helpers.rounds import compare, run_rounds, spread, verdict
 from helpers.tooling.bench_parts import (
     bench_data,
     bench_ddp,
@@ -46,7 +46,6 @@ from helpers.tooling.bench_parts import (
     matmul_tflops,
     rest_of_fit,
     startup_phases,
-    training_flops_per_image,
 )
 from helpers.tooling.bench_report import (
     PARTS,
@@ -69,9 +68,8 @@ DEVICE_STEPS = {"cpu": (20, 2), "cuda": (200, 100)}
 QUICK_DEVICE_STEPS = (2, 1)
 
 __all__ = [  # what lessons 03 and 10 and the tests use as `bench.<name>`, from the modules that hold it
-    "PARTS", "compare", "comparisons_table", "controller_records", "copy_gb_per_s", "figures_table", "format_report",
-    "loop_images_per_s", "main", "matmul_tflops", "parse_args", "recorded_report", "rest_of_fit",
-    "run_rounds", "spread", "startup_phases", "training_flops_per_image", "verdict",
+    "PARTS", "comparisons_table", "controller_records", "copy_gb_per_s", "figures_table", "format_report",
+    "loop_images_per_s", "main", "matmul_tflops", "parse_args", "recorded_report", "rest_of_fit", "startup_phases",
 ]
 
 
