@@ -13,7 +13,13 @@ An exercise in a lesson is three code cells after its task (a numbered item unde
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 
 class ExerciseNotPassed(AssertionError):
@@ -52,3 +58,22 @@ def expect_equal(value: object, expected: object) -> bool:
     if value != expected:
         raise AssertionError(f"got {value!r}")
     return True
+
+
+def argv_of(command: str, program: str, timeout_s: float = 30) -> list[list[str]]:
+    """Every argument list with which the shell `command` runs `program`, as another user's `ps` would see it.
+
+    A stand-in named `program`, put first on PATH, records its arguments and exits, so the real program never runs;
+    what `$(...)` and variables expanded to is in them. A command that names the program by its full path, or does
+    not run it, gives [].
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        calls = Path(folder) / "calls.jsonl"
+        stand_in = Path(folder) / program
+        stand_in.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                            f"with open({str(calls)!r}, 'a') as f:\n"
+                            f"    f.write(json.dumps([{program!r}, *sys.argv[1:]]) + '\\n')\n")
+        stand_in.chmod(0o700)
+        env = {**os.environ, "PATH": os.pathsep.join([folder, os.environ.get("PATH", "")])}
+        subprocess.run(command, shell=True, env=env, capture_output=True, timeout=timeout_s, check=False)
+        return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []

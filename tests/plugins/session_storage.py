@@ -8,9 +8,8 @@ folder. Every notebook kernel and process the session starts inherits it: one pa
 02 reads the summary lesson 01 saved, and lesson 03 lesson 02's. The folder is deleted at the end of a session that
 passed; a failed session keeps it and says where.
 
-(Lesson 07 also writes `notebooks/job_env.yaml`, next to itself: nbval runs each kernel in its notebook's folder, and
-the lesson's `ray job submit --working-dir ..` needs the repository around it. That file is in .gitignore; two
-sessions that run lesson 07 at the same moment would still share it.)
+(Lesson 07's runtime env file goes to a temporary folder of its kernel's own, not into the repository, for the same
+reason.)
 """
 
 from __future__ import annotations
