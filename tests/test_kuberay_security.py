@@ -149,15 +149,21 @@ def test_a_helm_value_that_breaks_the_standard_fails_once_rendered():
 
 
 def test_py_spy_s_sys_ptrace_is_refused_even_by_baseline():
-    # What `kubectl debug --profile=general` adds to a pod: an ephemeral container with SYS_PTRACE (kubectl's
-    # pkg/cmd/debug/profiles.go). The Pod Security admission checks ephemeral containers too.
-    template = copy.deepcopy(kuberay.operator_pods(kuberay.load_manifest("raycluster.yaml"))["cpu"])
-    template["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "ray-course:2.60.0-py311",
+    # py-spy (lesson 06) needs SYS_PTRACE. Two ways to grant it, both refused where "baseline" or "restricted" is
+    # enforced: a worker group that adds it, as KubeRay's sample ray-cluster.py-spy.yaml does, and the ephemeral
+    # container `kubectl debug --profile=general` adds (kubectl's pkg/cmd/debug/profiles.go, allowProcessTracing); the
+    # Pod Security admission checks ephemeral containers too.
+    worker = copy.deepcopy(kuberay.operator_pods(kuberay.load_manifest("raycluster.yaml"))["cpu"])
+    worker["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
+    assert [e.rpartition("(")[2] for e in kuberay.pod_security_errors(worker, level="baseline")] == [
+        "capabilities_baseline)"]
+    debugged = copy.deepcopy(kuberay.operator_pods(kuberay.load_manifest("raycluster.yaml"))["cpu"])
+    debugged["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "ray-course:2.60.0-py311",
                                                 "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}}]
-    baseline = kuberay.pod_security_errors(template, level="baseline")
+    baseline = kuberay.pod_security_errors(debugged, level="baseline")
     assert baseline == ["ephemeralContainers[debugger].securityContext.capabilities.add: ['SYS_PTRACE'] are not in "
                         "the default set (capabilities_baseline)"]
-    restricted = kuberay.pod_security_errors(template)
+    restricted = kuberay.pod_security_errors(debugged)
     assert [error.rpartition("(")[2] for error in restricted] == [
         "capabilities_baseline)", "allowPrivilegeEscalation)", "capabilities_restricted)", "capabilities_restricted)"]
     assert all(error.startswith("ephemeralContainers[debugger]") for error in restricted)

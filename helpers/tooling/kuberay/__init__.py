@@ -1,18 +1,20 @@
 """Lesson 08: the course's KubeRay files (deploy/kuberay/), checked offline against KubeRay's own schemas.
 
 No Kubernetes cluster is needed: RayCluster and RayJob manifests are validated against the
-`openAPIV3Schema` of KubeRay's CRDs, the PersistentVolumeClaim and Secret against Kubernetes' own
-schemas (the `kubernetes-validate` package), and the Helm values key by key against the chart's default
+`openAPIV3Schema` of KubeRay's CRDs, the PersistentVolumeClaim, Job, NetworkPolicies and Secret against Kubernetes'
+own schemas (the `kubernetes-validate` package), and the Helm values key by key against the chart's default
 values, then rendered by the real `helm template` with the real chart. Then the cross-checks a schema cannot
-make: the storage every pod mounts is where the training writes, the image is the course's Ray and Python,
-the RayJob runs a script that exists with flags it takes, the NetworkPolicy admits the Jobs API only from
-the pods it names.
+make: the storage every pod mounts is where the training writes and reads its data, no Ray pod downloads, the image
+is the course's Ray and Python with the training's packages only, the RayJob runs a script that exists with flags it
+takes, every pod passes the Pod Security Standard "restricted", the NetworkPolicies admit the Jobs API only from the
+pods they name and let the Ray pods out only to DNS, each other, the API server and the storage.
 
 One module per job; every name stays importable from here (`from helpers.tooling import kuberay; kuberay.validate`):
 `reference` (KubeRay's CRDs and chart, the course's manifests), `schemas` (validation against the schemas, the Helm
-values key by key), `helm` (the pinned helm: install, find, `helm template`), `course` (the cross-checks), `network`
-(the NetworkPolicy's reach), `commands` (what lesson 08 prints, and its commands on a cluster). `python -m
-helpers.tooling.kuberay --install-helm` (`make install`) installs the pinned helm.
+values key by key), `helm` (the pinned helm: install, find, `helm template`), `course` (the cross-checks), `security`
+(the Pod Security Standards, the pods KubeRay makes, the head's Role), `network` (the NetworkPolicies' reach, in and
+out), `commands` (what lesson 08 prints, and its commands on a cluster). `python -m helpers.tooling.kuberay
+--install-helm` (`make install`) installs the pinned helm.
 """
 
 from __future__ import annotations
@@ -89,7 +91,14 @@ from helpers.tooling.kuberay.schemas import (
     schema_errors,
     validate,
 )
-from helpers.tooling.kuberay.security import CHECKS, operator_pods, pod_security_errors, security_errors
+from helpers.tooling.kuberay.security import (
+    CHECKS,
+    HEAD_ROLE,
+    operator_pods,
+    pod_security_errors,
+    print_head_role,
+    security_errors,
+)
 
 __all__ = [
     "CHART_COMMENTED_KEYS",
@@ -104,6 +113,7 @@ __all__ = [
     "EGRESS_EXPECTED",
     "FILL_COMMAND",
     "GCS_PORT",
+    "HEAD_ROLE",
     "HelmNotFoundError",
     "KUBERAY_VERSION",
     "KUBERNETES_VERSION",
@@ -146,6 +156,7 @@ __all__ = [
     "pod_security_errors",
     "print_egress",
     "print_groups",
+    "print_head_role",
     "print_reach",
     "rayjob_errors",
     "reach_cases",

@@ -220,6 +220,24 @@ _FUNCTIONS: dict[str, Callable[[dict, dict], Iterator[str]]] = {
 }
 
 
+#: The Role KubeRay v1.7.0 binds to the head pod's ServiceAccount when in-tree autoscaling is on, in the cluster's
+#: namespace, for every object of each kind (ray-operator/controllers/ray/common/rbac.go, BuildRole): (API group,
+#: resource, verbs).
+HEAD_ROLE = [
+    ("", "pods", ("get", "list", "watch", "patch")),
+    ("", "pods/resize", ("patch",)),
+    ("ray.io", "rayclusters", ("get", "patch")),
+]
+
+
+def print_head_role() -> None:
+    """What the head pod's ServiceAccount may do in its namespace (HEAD_ROLE), one line per resource."""
+    print(f"{'resource':<22} {'verbs':<24} on")
+    for group, resource, verbs in HEAD_ROLE:
+        name = f"{resource} ({group})" if group else resource
+        print(f"{name:<22} {', '.join(verbs):<24} every one in the namespace")
+
+
 def pod_security_errors(template: dict, level: str = "restricted") -> list[str]:
     """Every way a pod template ({metadata, spec}) breaks the Pod Security Standard `level` (baseline, restricted)."""
     levels = {"baseline": {"baseline"}, "restricted": {"baseline", "restricted"}}[level]
