@@ -4,7 +4,10 @@ command the lesson prints carries a time limit; the token never appears in any c
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -160,3 +163,150 @@ def test_every_kubectl_call_of_the_wait_has_a_request_timeout_and_the_namespace(
     for call in calls:
         assert call[:3] == ["get", "rayjob", "ray-course-train"]
         assert "--request-timeout=30s" in call and call[3:5] == ["--namespace", "team-a"]
+
+
+LESSON = REPO_ROOT / "notebooks" / "08_kuberay.ipynb"
+
+
+@pytest.fixture
+def lesson_commands(monkeypatch) -> list[tuple[str, float]]:
+    """Every command lesson 08 runs on a cluster, with its time limit: the cells that call on_cluster, run with a
+    recorder in its place."""
+    recorded: list[tuple[str, float]] = []
+    monkeypatch.setattr(kuberay, "on_cluster", lambda command, timeout=900: recorded.append((command, timeout)))
+    namespace = {"kuberay": kuberay}
+    for cell in json.loads(LESSON.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "on_cluster(" in source:
+            exec(source, namespace)  # the lesson's own cells
+    assert len(recorded) >= 15
+    return recorded
+
+
+def _simple_commands(command: str) -> list[list[str]]:
+    """The simple commands of a shell command line, each as its words without leading VAR=value assignments; a
+    command substitution `$(...)` counts as a command of its own (and as one word where it stands)."""
+    commands = []
+    while (start := command.find("$(")) >= 0:
+        end = command.index(")", start)
+        commands += _simple_commands(command[start + 2:end])
+        command = command[:start] + "SUBSTITUTED" + command[end + 1:]
+    command = re.sub(r"\d*>&\d+", " ", command)  # 2>&1: a redirection, not a `&`
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    current: list[str] = []
+    for token in [*lexer, ";"]:
+        if token in (";", "&", "&&", "|", "||"):
+            while current and re.fullmatch(r"[A-Za-z_]\w*=.*", current[0]):
+                current.pop(0)
+            if current:
+                commands.append(current)
+            current = []
+        else:
+            current.append(token)
+    return commands
+
+
+#: Programs that end by themselves at once (or are bounded by the command around them).
+QUICK = {"openssl", "tr", "base64", "grep", "echo", "sleep", "kill", "rm", "cat", "awk"}
+
+
+def _time_limit_problem(words: list[str], timeout: float) -> str | None:
+    program, args = words[0], words[1:]
+    if program == "kubectl":
+        verb = args[0]
+        flag = {"wait": "--timeout=", "port-forward": "--pod-running-timeout=", "config": None}.get(
+            verb, "--request-timeout=")
+        if flag and not any(arg.startswith(flag) for arg in args):
+            return f"kubectl {verb} without {flag}"
+    elif program == "helm":
+        if args[0] in ("install", "upgrade") and "--timeout" not in args:
+            return "helm install without --timeout"
+    elif program == "ray":
+        entrypoint = args[args.index("--") + 1:] if "--" in args else []
+        if args[:2] == ["job", "submit"] and entrypoint[:1] != ["timeout"]:
+            return "ray job submit whose entrypoint has no `timeout`"
+    elif program == "deploy/kuberay/wait.sh":
+        if len(args) < 3 or not args[2].isdigit() or timeout <= int(args[2]):
+            return "wait.sh without its TIMEOUT_S, or with on_cluster's timeout below it"
+    elif program == "docker":  # on the learner's machine, not the cluster: bounded only by on_cluster's timeout
+        if timeout == 900 or args[0] not in ("build", "buildx"):
+            return "docker without an explicit on_cluster timeout"
+    elif program not in QUICK:
+        return f"{program}: not a command this test knows"
+    return None
+
+
+def test_every_command_of_the_lesson_has_a_time_limit(lesson_commands):
+    problems = [f"{problem}: {command}" for command, timeout in lesson_commands
+                for words in _simple_commands(command)
+                if (problem := _time_limit_problem(words, timeout))]
+    assert problems == []
+
+
+def test_the_time_limit_check_catches_the_commands_it_is_for():
+    assert _time_limit_problem(["kubectl", "get", "pods"], 900) == "kubectl get without --request-timeout="
+    assert _time_limit_problem(["kubectl", "wait", "raycluster/x", "--for=condition=HeadPodReady"], 900)
+    assert _time_limit_problem(["helm", "install", "x", "y", "--wait"], 900)
+    assert _time_limit_problem(["ray", "job", "submit", "--", "python", "train.py"], 900)
+    assert _time_limit_problem(["deploy/kuberay/wait.sh", "rayjob", "x"], 900)
+    assert _time_limit_problem(["curl", "http://x"], 900)
+    line = "A=1 RAY_AUTH_TOKEN=$(kubectl get secret s -o jsonpath='{.data.x}' | base64 -d) ray job submit -- x && ls"
+    assert _simple_commands(line) == [["kubectl", "get", "secret", "s", "-o", "jsonpath={.data.x}"], ["base64", "-d"],
+                                      ["ray", "job", "submit", "--", "x"], ["ls"]]
+
+
+def _argv_with_token(command: str, fakes: dict[str, str]) -> list[list[str]]:
+    """Run `command` with bash -x against the fakes; every command line (argv) bash ran that holds the token."""
+    done = subprocess.run(["bash", "-xc", command], env=fakes, capture_output=True, text=True, timeout=60,
+                          cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    found = []
+    for line in done.stderr.splitlines():
+        if not line.startswith("+"):
+            continue
+        words = shlex.split(line.lstrip("+ "))
+        while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):  # an assignment: the environment, not argv
+            words.pop(0)
+        if any(TOKEN in word for word in words):
+            found.append(words)
+    for log in ("kubectl.log", "commands.log"):  # what the programs themselves received
+        path = Path(fakes["FAKE_DIR"]) / log
+        for line in path.read_text().splitlines() if path.exists() else []:
+            if TOKEN in line:
+                found.append(line.split("\x1f"))
+    return found
+
+
+def test_the_lesson_never_puts_the_token_on_a_command_line(lesson_commands, fakes):
+    token_commands = [command for command, _ in lesson_commands if "secret" in command and "delete" not in command]
+    assert len(token_commands) == 2  # the Secret for Helm, and the token for `ray job submit`
+    for command in token_commands:
+        assert _argv_with_token(command, fakes) == [], command
+    # The Secret got the token, through the pipe (no newline); `ray` got it in its environment.
+    assert (Path(fakes["FAKE_DIR"]) / "stdin").read_text() == TOKEN
+    assert (Path(fakes["FAKE_DIR"]) / "ray-env.log").read_text().splitlines()[-1] == TOKEN
+
+
+def test_the_token_check_catches_a_token_on_a_command_line(fakes):
+    # What the lesson did before: the token in kubectl's arguments, where `ps` shows it to every user of the machine.
+    literal = 'kubectl create secret generic ray-course-auth --from-literal=auth_token="$(openssl rand -hex 32)"'
+    assert _argv_with_token(literal, fakes) != []
+    exported = "ray job submit --env-json '{\"RAY_AUTH_TOKEN\": \"'$(openssl rand -hex 32)'\"}' -- true"
+    assert _argv_with_token(exported, fakes) != []
+
+
+def test_every_step_says_what_healthy_looks_like():
+    # Each cell of section 09 that runs commands on the cluster follows prose saying what "healthy" looks like;
+    # building the image (Docker, not the cluster) and cleaning up are not checks.
+    cells = json.loads(LESSON.read_text())["cells"]
+    prose = ""
+    steps = []
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            prose = source
+        elif "on_cluster(" in source and "docker build" not in source and "kubectl delete" not in source:
+            steps.append(("Healthy" in prose, source.splitlines()[-1]))
+    assert len(steps) == 6
+    assert [source for healthy, source in steps if not healthy] == []
