@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -202,7 +203,7 @@ INJECTED = [
     ("networkpolicy.yaml", "spec.podSelector.matchLabels", {"app.kubernetes.io/part-of": "ray"},
      "does not select the pods of group head"),
     ("networkpolicy.yaml", "spec.ingress.1.from", [], "any other pod in this namespace can reach port 8265"),
-    ("networkpolicy.yaml", "spec.ingress.1.ports", DELETE, "the KubeRay operator can reach port 6379"),
+    ("networkpolicy.yaml", "spec.ingress.1.ports", DELETE, "the KubeRay operator (kuberay-system) can reach port 6379"),
     ("networkpolicy.yaml", "spec.ingress.1.from.2", {"namespaceSelector": {}},
      "a Ray pod in another namespace can reach port 8265"),
     ("networkpolicy.yaml", "spec.ingress.0", {"from": [{"podSelector": {}}], "ports": [{"port": 8265}]},
@@ -487,7 +488,6 @@ def test_on_a_pod_without_data_the_training_stops_at_once_saying_how_to_fill_it(
 
 def test_the_data_job_s_command_fills_the_folder_once_and_keeps_a_whole_copy(manifests, tmp_path):
     # The Job's own command and environment, here: on a folder that already holds MNIST it downloads nothing.
-    import shutil
 
     container = manifests["data-job.yaml"]["spec"]["template"]["spec"]["containers"][0]
     shutil.copytree(load_config().data_dir / "MNIST" / "raw", tmp_path / "data" / "MNIST" / "raw")
@@ -512,7 +512,6 @@ def test_missing_reference_files_fail_fast_with_what_to_do(tmp_path, monkeypatch
 def test_reference_files_are_downloaded_when_missing(tmp_path, monkeypatch):
     # The online path, from a local HTTP server serving the same release layout.
     import http.server
-    import shutil
     import threading
 
     release = tmp_path / "release"
@@ -539,6 +538,33 @@ def test_cluster_commands_are_skipped_without_a_cluster_and_run_with_one(monkeyp
     monkeypatch.setenv("COURSE_KUBERNETES", "1")
     kuberay.on_cluster("echo ran")
     assert capfd.readouterr().out == "$ echo ran\nran\n"
+
+
+def test_on_a_cluster_the_egress_policy_is_refused_while_it_holds_a_placeholder(monkeypatch, tmp_path, capfd):
+    # Applied as the repository ships it (192.0.2.1, 198.51.100.10), the autoscaler could not reach the API server.
+    monkeypatch.setenv("COURSE_KUBERNETES", "1")
+    ran = []
+    monkeypatch.setattr(kuberay.commands.subprocess, "run", lambda *a, **k: ran.append(a))
+    command = "kubectl apply -f deploy/kuberay/networkpolicy-egress.yaml --request-timeout=30s"
+    with pytest.raises(kuberay.ManifestError, match=r"spec.egress.2: 192.0.2.1/32 is a placeholder"):
+        kuberay.on_cluster(command)
+    assert ran == []
+    # Filled as section 09 does it (sed: the API server's address, the storage rule deleted), it is applied and passes.
+    filled = tmp_path / "networkpolicy-egress.yaml"
+    text = (kuberay.DEPLOY_DIR / "networkpolicy-egress.yaml").read_text()
+    filled.write_text(text.replace("192.0.2.1/32", "10.0.0.1/32")[: text.index("    # Your storage endpoint")])
+    monkeypatch.setattr(kuberay.reference, "DEPLOY_DIR", tmp_path)
+    for name in ("rayjob.yaml", "raycluster.yaml", "data-job.yaml"):
+        shutil.copy(kuberay.DEPLOY_DIR / name, tmp_path / name)
+    policy = kuberay.load_manifest("networkpolicy-egress.yaml")
+    assert kuberay.placeholder_errors(policy) == [] and kuberay.egress_policy_errors(policy) == []
+    kuberay.on_cluster(command)
+    assert len(ran) == 1
+    # A storage address left at its placeholder is refused too.
+    assert kuberay.placeholder_errors(kuberay.reference.load_manifest("networkpolicy-egress.yaml")) == []
+    policy["spec"]["egress"].append({"to": [{"ipBlock": {"cidr": "198.51.100.10/32"}}], "ports": [{"port": 9000}]})
+    assert kuberay.placeholder_errors(policy) == [
+        "spec.egress.3: 198.51.100.10/32 is a placeholder; set the address (section 09) or delete the rule"]
 
 
 def test_the_install_step_runs_as_a_module():

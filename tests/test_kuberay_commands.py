@@ -27,6 +27,7 @@ printf '%s\n' "$(printf '%s\x1f' "$@")" >> "$FAKE_DIR/kubectl.log"
 for arg in "$@"; do [[ "$arg" == *=/dev/stdin ]] && cat > "$FAKE_DIR/stdin"; done
 if [[ "$1 $2" == "get rayjob" || "$1 $2" == "get job" ]]; then
   [[ -e "$FAKE_DIR/missing" ]] && { echo "Error from server (NotFound): rayjobs.ray.io \"$3\" not found" >&2; exit 1; }
+  [[ -e "$FAKE_DIR/flaky" ]] && { rm "$FAKE_DIR/flaky"; echo "Unable to connect to the server: EOF" >&2; exit 1; }
   case "$*" in
     *jobDeploymentStatus* | *'?(@.status=="True")'*)
       head -n 1 "$FAKE_DIR/states"
@@ -134,6 +135,18 @@ def test_a_rayjob_that_cannot_be_read_ends_the_wait_with_kubectl_s_error(fakes):
     assert done.returncode == 1
     assert 'rayjob ray-course-train cannot be read: Error from server (NotFound): rayjobs.ray.io "ray-course-train" ' \
            'not found' in done.stderr
+
+
+def test_one_passing_kubectl_error_does_not_end_the_wait(fakes):
+    (Path(fakes["FAKE_DIR"]) / "flaky").touch()  # the first call fails, as when the API server restarts
+    done = wait(fakes, ["Running RUNNING", "Complete SUCCEEDED"])
+    assert done.returncode == 0 and "cannot be read" not in done.stderr
+
+
+def test_wait_s_usage_errors_have_their_documented_codes(fakes):
+    assert subprocess.run([str(WAIT), "rayjob"], env=fakes, capture_output=True, timeout=60).returncode == 2
+    done = subprocess.run([str(WAIT), "pod", "x"], env=fakes, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "usage: wait.sh" in done.stderr
 
 
 @pytest.mark.parametrize("states, reason, message, code", [

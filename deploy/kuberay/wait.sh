@@ -3,19 +3,22 @@
 # It reads the object's status every 10 s with kubectl (each call limited to 30 s) and prints each change.
 # A RayJob (KubeRay v1.7.0's status.jobDeploymentStatus, with status.jobStatus, the Ray job's own status;
 # ray-operator/apis/ray/v1/rayjob_types.go):
-#   Complete          the operator is done: exit 0 if the Ray job SUCCEEDED, else 1 (FAILED, STOPPED)
-#   Failed            the operator gave up (status.reason: SubmissionFailed, DeadlineExceeded, AppFailed, ...): exit 1
-#   ValidationFailed  the operator refused the spec, and does nothing more until you change it: exit 1
+#   Complete          the operator is done: exit 0 if the Ray job SUCCEEDED, else 1 (STOPPED)
+#   Failed            the operator gave up, a FAILED Ray job too (status.reason: AppFailed, SubmissionFailed,
+#                     DeadlineExceeded, ...): exit 1
+#   ValidationFailed  the operator refused the spec for good: delete the RayJob, fix it, apply it again: exit 1
 #   Suspended         spec.suspend is true: nothing runs until you set it to false: exit 1
 #   Initializing, Waiting, Running, Retrying, Suspending: on the way.
 # A Job (Kubernetes' status.conditions that are True): Complete, exit 0; Failed or Suspended, exit 1.
 # An end other than success prints status.reason and status.message (a Job's: those of its condition).
-# An object that cannot be read (deleted, no access): kubectl's error, exit 1.
+# An object that cannot be read 3 times in a row (deleted, no access): kubectl's error, exit 1.
+# Arguments missing, or a kind other than rayjob or job: the usage, exit 2.
 # Not ended after TIMEOUT_S seconds (default 7500): exit 124, with the last status.
 set -u
 usage="usage: wait.sh rayjob|job NAME [TIMEOUT_S] [NAMESPACE]"
-kind=${1:?$usage}
-name=${2:?$usage}
+[[ $# -ge 2 ]] || { echo "$usage" >&2; exit 2; }
+kind=$1
+name=$2
 timeout_s=${3:-7500}
 namespace=${4:-}
 poll_s=${WAIT_POLL_S:-10}
@@ -41,10 +44,14 @@ esac
 deadline=$((SECONDS + timeout_s))
 last="(none)"
 while :; do
-  if ! status=$(get "$status_path" 2>&1); then
-    echo "$kind $name cannot be read: $status" >&2
-    exit 1
-  fi
+  failures=0
+  until status=$(get "$status_path" 2>&1); do  # a passing error (API server restart, network) is retried
+    if ((++failures >= 3)); then
+      echo "$kind $name cannot be read: $status" >&2
+      exit 1
+    fi
+    sleep "$poll_s"
+  done
   read -r -a words <<<"$status"
   status="${words[*]}"  # one space between words, none around them
   if [[ "$status" != "$last" ]]; then

@@ -12,11 +12,13 @@ DASHBOARD_PORT, GCS_PORT = 8265, 6379
 #: Who should reach the course's Ray pods on each port: (who, pod labels, namespace, reaches 8265, reaches 6379).
 REACH_EXPECTED = [
     ("a pod of the course's Ray clusters", {"app.kubernetes.io/part-of": "ray-course", "ray.io/node-type": "worker"},
-     "default", True, True),
-    ("the KubeRay operator", {"app.kubernetes.io/name": "kuberay-operator"}, "default", True, False),
-    ("the RayJob's submitter pod", {"batch.kubernetes.io/job-name": "ray-course-train"}, "default", True, False),
-    ("a pod labelled ray-course/jobs-client", {"ray-course/jobs-client": "true"}, "default", True, False),
-    ("any other pod in this namespace", {"app": "web"}, "default", False, False),
+     "ray-course", True, True),
+    ("the KubeRay operator (kuberay-system)", {"app.kubernetes.io/name": "kuberay-operator"}, "kuberay-system", True,
+     False),
+    ("operator labels, in this namespace", {"app.kubernetes.io/name": "kuberay-operator"}, "ray-course", False, False),
+    ("the RayJob's submitter pod", {"batch.kubernetes.io/job-name": "ray-course-train"}, "ray-course", True, False),
+    ("a pod labelled ray-course/jobs-client", {"ray-course/jobs-client": "true"}, "ray-course", True, False),
+    ("any other pod in this namespace", {"app": "web"}, "ray-course", False, False),
     ("a Ray pod in another namespace", {"app.kubernetes.io/part-of": "ray-course"}, "other", False, False),
 ]
 
@@ -64,7 +66,7 @@ def _peer_matches(peer: dict, labels: dict | None, namespace: str | None, ip: st
     return in_namespace and selects(peer.get("podSelector"), labels)
 
 
-def admits(policy: dict, labels: dict, namespace: str, port: int, policy_namespace: str = "default") -> bool:
+def admits(policy: dict, labels: dict, namespace: str, port: int, policy_namespace: str = "ray-course") -> bool:
     """Whether `policy` lets a pod with `labels` in `namespace` open a TCP connection to `port` of a pod it selects.
 
     Kubernetes' rules: the selected pods accept only what some ingress rule allows; a rule allows its `from` peers
@@ -84,7 +86,7 @@ def admits(policy: dict, labels: dict, namespace: str, port: int, policy_namespa
 
 
 def egress_admits(policy: dict, port: int, protocol: str = "TCP", labels: dict | None = None,
-                  namespace: str | None = None, ip: str | None = None, policy_namespace: str = "default") -> bool:
+                  namespace: str | None = None, ip: str | None = None, policy_namespace: str = "ray-course") -> bool:
     """Whether `policy` lets the pods it selects open a connection to a pod (`labels` in `namespace`) or to an
     address outside the cluster (`ip`), on `port` and `protocol`. Kubernetes' rules, as `admits` for egress:
     `to` peers (none listed: everywhere) on `ports` (none listed: all)."""
@@ -143,14 +145,14 @@ def networkpolicy_errors(policy: dict) -> list[str]:
 #: policy's own ipBlock rules (the API server's is the one on port 443), which you set for your cluster.
 EGRESS_EXPECTED = [
     ("the cluster's DNS (kube-dns)", ({"k8s-app": "kube-dns"}, "kube-system"), 53, "UDP", True),
-    ("a pod of the course's Ray clusters", ({"app.kubernetes.io/part-of": "ray-course"}, "default"), GCS_PORT, "TCP",
+    ("a pod of the course's Ray clusters", ({"app.kubernetes.io/part-of": "ray-course"}, "ray-course"), GCS_PORT, "TCP",
      True),
     ("the Kubernetes API server", "api-server", 443, "TCP", True),
     ("the storage endpoint", "storage", None, "TCP", True),
     ("the cloud metadata endpoint", "169.254.169.254", 80, "TCP", False),
     ("an address on the internet", "203.0.113.7", 443, "TCP", False),
     ("a DNS server outside the cluster", "203.0.113.53", 53, "UDP", False),
-    ("any other pod in this namespace", ({"app": "web"}, "default"), 8080, "TCP", False),
+    ("any other pod in this namespace", ({"app": "web"}, "ray-course"), 8080, "TCP", False),
     ("the DNS pods, on another port", ({"k8s-app": "kube-dns"}, "kube-system"), 9153, "TCP", False),
     ("a Ray pod in another namespace", ({"app.kubernetes.io/part-of": "ray-course"}, "other"), GCS_PORT, "TCP", False),
 ]
@@ -177,6 +179,8 @@ def egress_cases(policy: dict) -> list[tuple[str, dict, int, str, bool]]:
     for what, destination, port, protocol, allowed in EGRESS_EXPECTED:
         if isinstance(destination, tuple):
             cases.append((what, {"labels": destination[0], "namespace": destination[1]}, port or 0, protocol, allowed))
+        elif destination == "storage" and destination not in addresses:
+            continue  # no storage rule: the node mounts the volume, and the pods call no storage endpoint themselves
         elif destination in ("api-server", "storage"):
             address, rule_port = addresses.get(destination, ("", None))  # no rule for it: no address, never reached
             cases.append((what, {"ip": address}, port or rule_port or 0, protocol, allowed))
@@ -216,4 +220,22 @@ def egress_policy_errors(policy: dict) -> list[str]:
         if _reaches(policy, destination, port, protocol) != should:
             errors.append(f"spec.egress: the pods {'cannot' if should else 'can'} reach {what} ({_where(destination)}, "
                           f"{port}/{protocol}){'' if should else ', and they should not'}")
+    return errors
+
+
+#: The documentation address ranges (RFC 5737) the repository's egress policy holds until you set your own.
+PLACEHOLDER_NETWORKS = [ipaddress.ip_network(block) for block in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")]
+
+
+def placeholder_errors(policy: dict) -> list[str]:
+    """The ipBlock rules of an egress policy that still hold a documentation address: on a real cluster they match
+    nothing, so the autoscaler cannot reach the API server (and the pods their storage)."""
+    errors = []
+    for index, rule in enumerate(policy["spec"].get("egress") or []):
+        for peer in rule.get("to") or []:
+            cidr = peer.get("ipBlock", {}).get("cidr")
+            if cidr and any(ipaddress.ip_network(cidr).subnet_of(net) for net in PLACEHOLDER_NETWORKS
+                            if ipaddress.ip_network(cidr).version == net.version):
+                errors.append(f"spec.egress.{index}: {cidr} is a placeholder; set the address (section 09) or delete "
+                              "the rule")
     return errors
