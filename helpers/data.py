@@ -232,7 +232,8 @@ def fill_mnist(data_dir: str | Path | None = None) -> Path:
     """Download MNIST into `data_dir` (default: COURSE_DATA_DIR) unless it is there and whole; return its raw folder.
 
     Lesson 08's data Job runs it once, so that no training pod downloads: `python -c "from helpers.data import
-    fill_mnist; fill_mnist()"`. It downloads whatever COURSE_DATA_DOWNLOAD says, and prints one line.
+    fill_mnist; fill_mnist()"`. It downloads what is missing, whatever COURSE_DATA_DOWNLOAD says, and
+    prints one line.
     """
     data_dir = Path(load_config().data_dir if data_dir is None else data_dir)
     present = mnist_is_present(data_dir)

@@ -567,6 +567,19 @@ def test_on_a_cluster_the_egress_policy_is_refused_while_it_holds_a_placeholder(
         "spec.egress.3: 198.51.100.10/32 is a placeholder; set the address (section 09) or delete the rule"]
 
 
+def test_the_course_s_image_may_carry_a_registry_and_a_tag_of_its_own_build():
+    cluster = kuberay.load_manifest("raycluster.yaml")
+    renamed = copy.deepcopy(cluster)
+    for group in [renamed["spec"]["headGroupSpec"], *renamed["spec"]["workerGroupSpecs"]]:
+        group["template"]["spec"]["containers"][0]["image"] = "registry.example.com/team/ray-course:2.60.0-py311-2611"
+    assert kuberay.validate(renamed)
+    for image in ("ray-course:2.60.0-py3110", "registry.example.com/not-ray-course:2.60.0-py311", "ray-course:latest"):
+        wrong = copy.deepcopy(cluster)
+        wrong["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = image
+        with pytest.raises(kuberay.ManifestError, match="expected the course's image"):
+            kuberay.validate(wrong)
+
+
 def test_the_install_step_runs_as_a_module():
     # `make install` runs `python -m helpers.tooling.kuberay --install-helm`; anything else prints the usage.
     done = subprocess.run([sys.executable, "-m", "helpers.tooling.kuberay"], capture_output=True, text=True, timeout=60)

@@ -145,11 +145,18 @@ def cluster_errors(spec: dict, where: str = "spec.") -> list[str]:
     return errors
 
 
+def is_course_image(image: str) -> bool:
+    """The course's image, under any registry: ray-course:<Ray>-py<Python>, or that tag with a build suffix
+    (ray-course:2.60.0-py311-20261128), so that each build gets a tag of its own."""
+    repository, _, tag = image.rpartition(":")
+    return repository.rpartition("/")[2] == "ray-course" and (tag == course_image_tag()
+                                                               or tag.startswith(course_image_tag() + "-"))
+
+
 def _pod_errors(pod: dict, token_by_env: bool) -> list[str]:
     errors = []
     ray = pod["containers"][0]  # KubeRay's Ray container is the first one
-    repository, _, tag = ray["image"].rpartition(":")
-    if tag != course_image_tag() or not repository.endswith("ray-course"):
+    if not is_course_image(ray["image"]):
         errors.append(f"image: {ray['image']!r}, expected the course's image ray-course:{course_image_tag()}")
     limits, requests = ray.get("resources", {}).get("limits", {}), ray.get("resources", {}).get("requests", {})
     if not {"cpu", "memory"} <= limits.keys() or limits != requests:
@@ -200,8 +207,7 @@ def data_job_errors(job: dict) -> list[str]:
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     errors = []
-    repository, _, tag = container["image"].rpartition(":")
-    if tag != course_image_tag() or not repository.endswith("ray-course"):
+    if not is_course_image(container["image"]):
         errors.append(f"image: {container['image']!r}, expected the course's image ray-course:{course_image_tag()}")
     if container.get("command") != FILL_COMMAND:
         errors.append(f"spec.template.spec.containers[0].command: expected {FILL_COMMAND}")
