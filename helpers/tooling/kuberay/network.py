@@ -224,7 +224,11 @@ def egress_policy_errors(policy: dict) -> list[str]:
 
 
 #: The documentation address ranges (RFC 5737) the repository's egress policy holds until you set your own.
-PLACEHOLDER_NETWORKS = [ipaddress.ip_network(block) for block in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")]
+PLACEHOLDER_NETWORKS = [ipaddress.IPv4Network(block) for block in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")]
+
+
+def _is_placeholder(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    return isinstance(network, ipaddress.IPv4Network) and any(network.subnet_of(block) for block in PLACEHOLDER_NETWORKS)
 
 
 def placeholder_errors(policy: dict) -> list[str]:
@@ -234,8 +238,7 @@ def placeholder_errors(policy: dict) -> list[str]:
     for index, rule in enumerate(policy["spec"].get("egress") or []):
         for peer in rule.get("to") or []:
             cidr = peer.get("ipBlock", {}).get("cidr")
-            if cidr and any(ipaddress.ip_network(cidr).subnet_of(net) for net in PLACEHOLDER_NETWORKS
-                            if ipaddress.ip_network(cidr).version == net.version):
+            if cidr and _is_placeholder(ipaddress.ip_network(cidr)):
                 errors.append(f"spec.egress.{index}: {cidr} is a placeholder; set the address (section 09) or delete "
                               "the rule")
     return errors
