@@ -298,7 +298,7 @@ def test_a_peer_with_both_selectors_needs_both_and_two_peers_need_either():
     assert not kuberay.admits(both, {"app": "jupyter"}, "default", 8265)
     assert not kuberay.admits(both, {"app": "jupyter"}, "notebooks", 6379)
     assert kuberay.admits(either, {"app": "other"}, "notebooks", 8265)  # any pod of the namespace
-    assert kuberay.admits(either, {"app": "jupyter"}, "default", 8265)  # podSelector alone: the policy's namespace
+    assert kuberay.admits(either, {"app": "jupyter"}, "ray-course", 8265)  # podSelector alone: the policy's namespace
     assert not kuberay.admits(either, {"app": "jupyter"}, "elsewhere", 8265)
     tier_in = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}
     assert kuberay.selects(tier_in, {"tier": "b"}) and not kuberay.selects(tier_in, {"tier": "c"})
