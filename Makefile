@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml $(LAB_OVERRIDES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), \
 		f"Python {sys.version.split()[0]} is not supported: use 3.11-3.13 (make PYTHON=python3.11 ...)"'
-	$(BIN)/python -m pip install --disable-pip-version-check -e ".[test]"
+	$(BIN)/python -m pip install --disable-pip-version-check -e ".[lab,test]"
 	$(BIN)/python -m helpers.tooling.kuberay --install-helm
 	@mkdir -p $(VENV)/etc/jupyter/labconfig && cp $(LAB_OVERRIDES) $(VENV)/etc/jupyter/labconfig/
 	@touch $(STAMP)

@@ -17,7 +17,7 @@ it lists:
     06_observability_and_troubleshooting  cluster, display, exercises, ingest, models, runs, session, storage,
                                           troubleshooting
     07_ray_jobs                           data, exercises, storage, tooling.local_cluster
-    08_kuberay                            exercises, tooling.kuberay
+    08_kuberay                            config, data, exercises, tooling.kuberay
     09_capstone_cifar10_vit               capstone, cifar, cluster, display, exercises, ingest, plots, runs, storage,
                                           training
     10_performance                        cifar, cluster, config, display, exercises, models, plots, profiling, rounds,

@@ -37,6 +37,9 @@ class CourseConfig:
 
     smoke_test: bool
     data_dir: Path
+    #: Whether a process that finds no MNIST in `data_dir` may download it there (COURSE_DATA_DOWNLOAD, default: yes).
+    #: Lesson 08's pods set it to 0: their data folder is filled once, before training, by a Job of its own.
+    data_download: bool
     #: An absolute local path (a folder, an NFS mount) or a URI such as s3://bucket/prefix.
     storage_path: str
     #: None until `setup()` sizes the run for the cluster (COURSE_NUM_WORKERS unset).
@@ -64,6 +67,7 @@ class CourseConfig:
         return {
             "COURSE_SMOKE_TEST": "1" if self.smoke_test else "0",
             "COURSE_DATA_DIR": str(self.data_dir),
+            "COURSE_DATA_DOWNLOAD": "" if self.data_download else "0",
             "COURSE_STORAGE_PATH": self.storage_path,
             "COURSE_NUM_WORKERS": "" if self.num_workers is None else str(self.num_workers),
             "COURSE_USE_GPU": gpu,
@@ -173,6 +177,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> CourseConfig:
     return CourseConfig(
         smoke_test=_bool(env, "COURSE_SMOKE_TEST", default=False),
         data_dir=_path(env, "COURSE_DATA_DIR", REPO_ROOT / "data"),
+        data_download=_bool(env, "COURSE_DATA_DOWNLOAD", default=True),
         storage_path=_storage(env, "COURSE_STORAGE_PATH", default_storage_path()),
         num_workers=_positive(env, "COURSE_NUM_WORKERS", int, "a whole number >= 1, e.g. 2"),
         use_gpu=_gpu(env, "COURSE_USE_GPU"),

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from filelock import FileLock
 
 from helpers import storage
+from helpers.config import load_config
 
 if TYPE_CHECKING:  # torchvision is imported where MNIST is loaded: helpers.cifar imports this module without torch
     from torchvision import datasets, transforms
@@ -190,19 +191,29 @@ def check_parquet_copy(copy: str, dataset: str) -> None:
             f"storage.delete_dir('{copy}')\"`, for s3:// too); the next run writes a new copy.")
 
 
-def load_mnist(data_dir: str | Path, train: bool = True, transform=None) -> datasets.MNIST:
+def load_mnist(data_dir: str | Path, train: bool = True, transform=None,
+               download: bool | None = None) -> datasets.MNIST:
     """MNIST through torchvision's own loader: from `data_dir` on this node when present, else downloaded there.
 
     Processes on one node download one copy: the first takes a file lock in `data_dir`, the others wait
     for it and then find the files. Raises DataNotFoundError within seconds when the files are missing
     and no mirror answers (or `data_dir` cannot be created on this node), instead of a hanging download,
     and DataDamagedError when a file is there but cut short or not MNIST's (`check_mnist_files`).
+    `download` (default: COURSE_DATA_DOWNLOAD) False: missing files raise DataNotFoundError at once, no download.
     """
     from torchvision import datasets
 
     data_dir = Path(data_dir)
     transform = mnist_transform() if transform is None else transform
     if not mnist_is_present(data_dir):
+        if not (load_config().data_download if download is None else download):
+            raise DataNotFoundError(
+                f"MNIST is not in {data_dir / 'MNIST' / 'raw'} on {_this_node()}, and downloads are off here "
+                "(COURSE_DATA_DOWNLOAD=0): nothing fills this folder at training time.\nDo one of these:\n"
+                "  - fill it first, once: on Kubernetes, run the data Job (kubectl apply -f deploy/kuberay/data-job.yaml)"
+                ", or copy the four files "
+                f"{', '.join(MNIST_RAW_FILES)} into it;\n"
+                "  - or let each node download its own copy: set COURSE_DATA_DOWNLOAD=1 (it needs the internet).")
         if not any(can_reach(mirror) for mirror in datasets.MNIST.mirrors):
             raise _missing_data_error(data_dir, f"no download mirror is reachable ({', '.join(datasets.MNIST.mirrors)})")
         try:
@@ -215,3 +226,20 @@ def load_mnist(data_dir: str | Path, train: bool = True, transform=None) -> data
     check_mnist_files(data_dir)
     _extract_gz_files(data_dir)  # a file present only as .gz (and whole)
     return datasets.MNIST(root=str(data_dir), train=train, download=False, transform=transform)
+
+
+def fill_mnist(data_dir: str | Path | None = None) -> Path:
+    """Download MNIST into `data_dir` (default: COURSE_DATA_DIR) unless it is there and whole; return its raw folder.
+
+    Lesson 08's data Job runs it once, so that no training pod downloads: `python -c "from helpers.data import
+    fill_mnist; fill_mnist()"`. It downloads what is missing, whatever COURSE_DATA_DOWNLOAD says, and
+    prints one line.
+    """
+    data_dir = Path(load_config().data_dir if data_dir is None else data_dir)
+    present = mnist_is_present(data_dir)
+    for train in (True, False):
+        load_mnist(data_dir, train=train, download=True)
+    raw = data_dir / "MNIST" / "raw"
+    print(f"MNIST {'was already' if present else 'is now'} in {raw}, whole: "
+          f"{', '.join(sorted(p.name for p in raw.iterdir() if p.name in MNIST_RAW_FILES))}", flush=True)
+    return raw

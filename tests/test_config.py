@@ -107,13 +107,23 @@ def test_as_env_round_trips(tmp_path):
                        "COURSE_USE_GPU": "false", "COURSE_CPUS_PER_WORKER": "1.5",
                        "COURSE_STORAGE_PATH": "s3://bucket/course"})
     assert load_config(cfg.as_env()) == cfg
-    assert set(cfg.as_env()) == {"COURSE_SMOKE_TEST", "COURSE_DATA_DIR", "COURSE_STORAGE_PATH",
+    assert set(cfg.as_env()) == {"COURSE_SMOKE_TEST", "COURSE_DATA_DIR", "COURSE_DATA_DOWNLOAD", "COURSE_STORAGE_PATH",
                                  "COURSE_NUM_WORKERS", "COURSE_USE_GPU", "COURSE_CPUS_PER_WORKER",
                                  "COURSE_ACCELERATOR_TYPE"}
     assert load_config(load_config({}).as_env()) == load_config({}), "unset values stay unset"
     with_accelerator = load_config({"COURSE_ACCELERATOR_TYPE": "T4"})
     assert with_accelerator.accelerator_type == "T4"
     assert load_config(with_accelerator.as_env()) == with_accelerator
+
+
+def test_data_downloads_are_on_unless_turned_off_and_reach_the_workers():
+    assert load_config({}).data_download is True
+    assert load_config({}).as_env()["COURSE_DATA_DOWNLOAD"] == "", "the default stays unset (lesson 07 prints the set)"
+    off = load_config({"COURSE_DATA_DOWNLOAD": "0"})
+    assert off.data_download is False and off.as_env()["COURSE_DATA_DOWNLOAD"] == "0"
+    assert load_config(off.as_env()) == off
+    with pytest.raises(ConfigError, match="COURSE_DATA_DOWNLOAD='never' is not valid"):
+        load_config({"COURSE_DATA_DOWNLOAD": "never"})
 
 
 def test_lesson_08s_settings_are_read_with_the_others(tmp_path):

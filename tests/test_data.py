@@ -60,6 +60,33 @@ def test_missing_and_not_downloadable_fails_fast_with_what_to_do(tmp_path, monke
     assert not (tmp_path / "empty").exists(), "a failed load must not leave folders behind"
 
 
+def test_with_downloads_off_missing_data_fails_at_once_saying_how_to_fill_it(tmp_path, monkeypatch):
+    # COURSE_DATA_DOWNLOAD=0 (lesson 08's pods): no mirror is tried, and the error says how to fill the folder.
+    import helpers.data
+
+    monkeypatch.setenv("COURSE_DATA_DOWNLOAD", "0")
+    monkeypatch.setattr(helpers.data, "can_reach", lambda url, timeout=3.0: pytest.fail(f"it tried to reach {url}"))
+    for download in (None, False):  # the setting, or the argument
+        with pytest.raises(DataNotFoundError, match=r"downloads are off here \(COURSE_DATA_DOWNLOAD=0\)") as error:
+            load_mnist(tmp_path / "empty", train=True, download=download)
+        assert "deploy/kuberay/data-job.yaml" in str(error.value) and "COURSE_DATA_DOWNLOAD=1" in str(error.value)
+    assert not (tmp_path / "empty").exists()
+    # Present and whole, the data loads whatever the setting says.
+    assert len(load_mnist(load_config().data_dir, train=False, download=False)) == 10_000
+
+
+def test_fill_mnist_keeps_a_whole_copy_and_says_so(tmp_path, capsys):
+    import shutil
+
+    from helpers.data import fill_mnist
+
+    shutil.copytree(load_config().data_dir / "MNIST" / "raw", tmp_path / "MNIST" / "raw")
+    assert fill_mnist(tmp_path) == tmp_path / "MNIST" / "raw"
+    assert capsys.readouterr().out == (f"MNIST was already in {tmp_path / 'MNIST' / 'raw'}, whole: "
+                                       "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, train-images-idx3-ubyte, "
+                                       "train-labels-idx1-ubyte\n")
+
+
 def test_can_reach():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

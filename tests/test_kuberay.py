@@ -5,18 +5,22 @@ Every check is shown to catch an injected mistake."""
 from __future__ import annotations
 
 import copy
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from helpers.config import CLUSTER_STORAGE
+from helpers.config import CLUSTER_STORAGE, REPO_ROOT, load_config
 from helpers.tooling import kuberay
 from tests.support import FAILS_FAST_S
 
-MANIFESTS = ["storage-pvc.yaml", "networkpolicy.yaml", "raycluster.yaml", "rayjob.yaml"]
+MANIFESTS = ["storage-pvc.yaml", "data-job.yaml", "networkpolicy.yaml", "networkpolicy-egress.yaml", "raycluster.yaml",
+             "rayjob.yaml"]
 
 
 @pytest.fixture(scope="module")
@@ -166,12 +170,40 @@ INJECTED = [
     ("rayjob.yaml", "spec.runtimeEnvYAML", "env_vars: {COURSE_STORAGE_PATH: /home/ray/runs}\n",
      "would write to /home/ray/runs"),
     ("rayjob.yaml", "spec.shutdownAfterJobFinishes", False, "the cluster outlives the job"),
+    # the data: every Ray pod reads the shared data folder and never downloads; the data Job fills it
+    ("raycluster.yaml", f"{CPU}.template.spec.containers.0.env.1.value", "/home/ray/data",
+     "env.COURSE_DATA_DIR: '/home/ray/data', expected '/mnt/cluster_storage/data'"),
+    ("raycluster.yaml", f"{HEAD}.containers.0.env.2", DELETE, "COURSE_DATA_DOWNLOAD: set it to '0'"),
+    ("rayjob.yaml", "spec.rayClusterSpec.workerGroupSpecs.1.template.spec.containers.0.env.2.value", "yes",
+     "COURSE_DATA_DOWNLOAD: set it to '0'"),
+    ("data-job.yaml", "spec.template.spec.containers.0.env.1.value", "0", "this Job is what downloads"),
+    ("data-job.yaml", "spec.template.spec.containers.0.env.0.value", "/tmp/data", "COURSE_DATA_DIR: '/tmp/data'"),
+    ("data-job.yaml", "spec.template.spec.containers.0.command.2", "import helpers", "command: expected"),
+    ("data-job.yaml", "spec.activeDeadlineSeconds", DELETE, "spec.activeDeadlineSeconds: set it"),
+    ("data-job.yaml", "spec.template.spec.containers.0.volumeMounts.0.mountPath", "/data", "mount the claim"),
+    ("data-job.yaml", "spec.template.spec.containers.0.image", "python:3.11", "expected the course's image"),
+    ("rayjob.yaml", "spec.submitterPodTemplate.spec.containers.0.image", "rayproject/ray:2.60.0",
+     "spec.submitterPodTemplate: image 'rayproject/ray:2.60.0', expected the head's"),
+    # the egress policy: where the Ray pods may connect out
+    ("networkpolicy-egress.yaml", "spec.egress.2.to.0.ipBlock.cidr", "0.0.0.0/0",
+     "the pods can reach an address on the internet (203.0.113.7, 443/TCP), and they should not"),
+    ("networkpolicy-egress.yaml", "spec.egress.1.to.0", {"podSelector": {}},
+     "the pods can reach any other pod in this namespace"),
+    ("networkpolicy-egress.yaml", "spec.policyTypes", ["Ingress"], "can reach the cloud metadata endpoint"),
+    ("networkpolicy-egress.yaml", "spec.egress.0.to.0.namespaceSelector", DELETE,
+     "the pods cannot reach the cluster's DNS (kube-dns)"),
+    ("networkpolicy-egress.yaml", "spec.egress.0.ports.0", DELETE, "cannot reach the cluster's DNS (kube-dns)"),
+    ("networkpolicy-egress.yaml", "spec.egress.0.ports", DELETE, "the DNS pods, on another port"),
+    ("networkpolicy-egress.yaml", "spec.egress.2", DELETE, "cannot reach the Kubernetes API server"),
+    ("networkpolicy-egress.yaml", "spec.podSelector", {}, "selects the data Job's pod"),
+    ("networkpolicy-egress.yaml", "spec.podSelector.matchLabels", {"ray.io/node-type": "worker"},
+     "does not select the pods of group head"),
     # the NetworkPolicy: Kubernetes' schema, then who reaches which port
     ("networkpolicy.yaml", "spec.podSelector.matchLabel", {}, "'matchLabel' was unexpected"),
     ("networkpolicy.yaml", "spec.podSelector.matchLabels", {"app.kubernetes.io/part-of": "ray"},
      "does not select the pods of group head"),
     ("networkpolicy.yaml", "spec.ingress.1.from", [], "any other pod in this namespace can reach port 8265"),
-    ("networkpolicy.yaml", "spec.ingress.1.ports", DELETE, "the KubeRay operator can reach port 6379"),
+    ("networkpolicy.yaml", "spec.ingress.1.ports", DELETE, "the KubeRay operator (kuberay-system) can reach port 6379"),
     ("networkpolicy.yaml", "spec.ingress.1.from.2", {"namespaceSelector": {}},
      "a Ray pod in another namespace can reach port 8265"),
     ("networkpolicy.yaml", "spec.ingress.0", {"from": [{"podSelector": {}}], "ports": [{"port": 8265}]},
@@ -266,7 +298,7 @@ def test_a_peer_with_both_selectors_needs_both_and_two_peers_need_either():
     assert not kuberay.admits(both, {"app": "jupyter"}, "default", 8265)
     assert not kuberay.admits(both, {"app": "jupyter"}, "notebooks", 6379)
     assert kuberay.admits(either, {"app": "other"}, "notebooks", 8265)  # any pod of the namespace
-    assert kuberay.admits(either, {"app": "jupyter"}, "default", 8265)  # podSelector alone: the policy's namespace
+    assert kuberay.admits(either, {"app": "jupyter"}, "ray-course", 8265)  # podSelector alone: the policy's namespace
     assert not kuberay.admits(either, {"app": "jupyter"}, "elsewhere", 8265)
     tier_in = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}
     assert kuberay.selects(tier_in, {"tier": "b"}) and not kuberay.selects(tier_in, {"tier": "c"})
@@ -277,7 +309,195 @@ def test_a_dockerfile_on_another_ray_fails():
     dockerfile = (kuberay.DEPLOY_DIR / "Dockerfile").read_text()
     text = dockerfile.replace("rayproject/ray:2.60.0-py311", "rayproject/ray:2.52.0")
     assert kuberay.dockerfile_errors(text) == [
-        "Dockerfile: FROM rayproject/ray:2.52.0, expected rayproject/ray:2.60.0-py311 (the course's pins)"]
+        "Dockerfile: FROM rayproject/ray:2.52.0@${RAY_IMAGE_DIGEST}, expected "
+        "rayproject/ray:2.60.0-py311@${RAY_IMAGE_DIGEST} (the course's pins, the base image by digest)"]
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("FROM rayproject/ray:2.60.0-py311@${RAY_IMAGE_DIGEST}", "FROM rayproject/ray:2.60.0-py311",
+     "expected rayproject/ray:2.60.0-py311@${RAY_IMAGE_DIGEST}"),
+    ("ARG RAY_IMAGE_DIGEST\n", "", "no `ARG RAY_IMAGE_DIGEST` before FROM"),
+    ("ARG RAY_IMAGE_DIGEST\n", "ARG RAY_IMAGE_DIGEST=latest\n", "RAY_IMAGE_DIGEST=latest is not a digest"),
+    ("pip install --no-cache-dir -e .", 'pip install --no-cache-dir -e ".[lab]"', "installs the extras ['lab']"),
+    ("pip install --no-cache-dir -e .", "pip install --no-cache-dir jupyterlab",
+     "does not install the course's pinned packages"),
+])
+def test_a_dockerfile_without_its_digest_or_with_more_than_the_training_fails(old, new, expected):
+    dockerfile = (kuberay.DEPLOY_DIR / "Dockerfile").read_text()
+    assert old in dockerfile
+    (error,) = kuberay.dockerfile_errors(dockerfile.replace(old, new, 1))
+    assert expected in error, error
+    digest = "sha256:" + "0" * 64  # a fork that writes the digest it built from as the default passes
+    pinned = dockerfile.replace("ARG RAY_IMAGE_DIGEST\n", f"ARG RAY_IMAGE_DIGEST={digest}\n")
+    assert kuberay.dockerfile_errors(pinned) == []
+
+
+def _project() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
+
+
+def test_the_image_installs_the_training_s_packages_and_not_the_lab_s():
+    project = _project()
+    installed = kuberay.image_requirements()
+    assert installed == project["dependencies"]
+    names = {_name(requirement) for requirement in installed}
+    assert names.isdisjoint(_name(requirement) for requirement in project["optional-dependencies"]["lab"])
+    assert names.isdisjoint({"jupyterlab", "ipykernel", "ipywidgets", "kubernetes-validate", "matplotlib"})
+
+
+def _import_names(requirement: str) -> list[str]:
+    """The top-level modules a requirement's distribution provides (from its installed metadata)."""
+    import importlib.metadata
+
+    provided = importlib.metadata.packages_distributions()
+    return sorted(top for top, dists in provided.items() if _name(requirement) in {_name(d) for d in dists}
+                  and not top.startswith("_") and top.isidentifier())
+
+
+def test_every_package_the_image_installs_imports():
+    # Checked offline: each package the Dockerfile's `pip install` installs (its pins, from pyproject.toml) is here at
+    # the pinned version, and imports in a fresh interpreter.
+    import importlib.metadata
+
+    modules = {}
+    for requirement in kuberay.image_requirements():
+        name, _, version = requirement.partition("==")
+        assert importlib.metadata.version(re.sub(r"\[.*\]", "", name)) == version, requirement
+        modules[requirement] = _import_names(requirement)
+        assert modules[requirement], f"{requirement} provides no importable module here"
+    code = "; ".join(f"import {module}" for names in modules.values() for module in names
+                     if module not in {"tests", "benchmarks", "docs"})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _third_party_imports(path: Path, seen: set[Path]) -> set[str]:
+    """The top-level third-party modules `path` imports (lazily too), following imports of helpers modules."""
+    import ast
+
+    if path in seen:
+        return set()
+    seen.add(path)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if top == "helpers":
+                module = REPO_ROOT.joinpath(*name.split("."))
+                for candidate in (module.with_suffix(".py"), module / "__init__.py"):
+                    if candidate.is_file():
+                        found |= _third_party_imports(candidate, seen)
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                found.add(top)
+    return found
+
+
+def test_the_training_code_imports_only_what_the_image_installs():
+    # Every module the training scripts import (the helpers modules they reach, lazy imports included) comes from a
+    # package the image installs: the pins of pyproject.toml's dependencies, or what those depend on.
+    import importlib.metadata
+
+    def parsed(requirement: str) -> tuple[str, frozenset[str]]:
+        extras = re.findall(r"\[(.*?)\]", requirement.partition(";")[0])
+        return _name(requirement), frozenset(e.strip() for e in extras[0].split(",")) if extras else frozenset()
+
+    image = {_name(requirement) for requirement in kuberay.image_requirements()}
+    closure: set[tuple[str, frozenset[str]]] = set()
+    todo = [parsed(requirement) for requirement in kuberay.image_requirements()]
+    while todo:
+        name, extras = todo.pop()
+        if (name, extras) in closure:
+            continue
+        closure.add((name, extras))
+        try:
+            requirements = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:  # a requirement for other platforms or Pythons
+            continue
+        for requirement in requirements:
+            wanted = re.findall(r"extra\s*==\s*['\"]([^'\"]+)['\"]", requirement.partition(";")[2])
+            if not wanted or set(wanted) & extras:
+                todo.append(parsed(requirement))
+    installed = image | {name for name, _ in closure}
+    provided = importlib.metadata.packages_distributions()
+    scripts = sorted((REPO_ROOT / "notebooks").glob("*.py"))
+    assert [p.name for p in scripts] == ["train_ray_ddp.py", "train_ray_ddp_with_ray_data.py", "train_streaming.py",
+                                         "tune_ray_ddp.py"]
+    seen: set[Path] = set()
+    modules = set().union(*(_third_party_imports(script, seen) for script in scripts))
+    missing = {module: provided.get(module) for module in modules
+               if module != "pynvml" and not {_name(d) for d in provided.get(module, [])} & installed}
+    assert missing == {}, f"the training imports modules the image does not install: {missing}"
+    assert {"ray", "torch", "torchvision", "filelock", "dotenv"} <= modules
+    assert not {"matplotlib", "ipython", "jupyterlab", "ipykernel", "kubernetes-validate"} & installed
+
+
+def _ray_containers(manifests) -> dict[str, dict]:
+    """The Ray container of every group of raycluster.yaml, rayjob.yaml and the Helm-rendered cluster."""
+    (rendered,) = kuberay.helm_template(kuberay.DEPLOY_DIR / "values.yaml")
+    specs = {"raycluster.yaml": manifests["raycluster.yaml"]["spec"],
+             "rayjob.yaml": manifests["rayjob.yaml"]["spec"]["rayClusterSpec"], "helm": rendered["spec"]}
+    return {f"{source}:{group.get('groupName', 'head')}": group["template"]["spec"]["containers"][0]
+            for source, spec in specs.items() for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]}
+
+
+def test_every_ray_pod_reads_the_data_folder_on_the_shared_volume_and_never_downloads(manifests):
+    containers = _ray_containers(manifests)
+    assert len(containers) == 9
+    for where, container in containers.items():
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["COURSE_DATA_DIR"] == "/mnt/cluster_storage/data" == str(kuberay.DATA_DIR), where
+        assert env["COURSE_DATA_DOWNLOAD"] == "0", where
+        assert load_config(env).data_dir == kuberay.DATA_DIR and not load_config(env).data_download, where
+    job = manifests["data-job.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e["value"] for e in job["env"]} == {"COURSE_DATA_DIR": "/mnt/cluster_storage/data",
+                                                           "COURSE_DATA_DOWNLOAD": "1"}
+    assert job["command"] == kuberay.FILL_COMMAND
+
+
+def test_on_a_pod_without_data_the_training_stops_at_once_saying_how_to_fill_it(manifests, tmp_path, monkeypatch):
+    # A CPU worker's environment, as raycluster.yaml sets it, with its data folder empty (the data Job not run).
+    from helpers import data
+
+    container = manifests["raycluster.yaml"]["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    for variable in container["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))  # the empty volume, mounted here
+    monkeypatch.setattr(data, "can_reach", lambda url, timeout=3.0: pytest.fail(f"it tried to reach {url}"))
+    start = time.monotonic()
+    with pytest.raises(data.DataNotFoundError) as error:
+        data.load_mnist(load_config().data_dir, train=True)
+    assert time.monotonic() - start < FAILS_FAST_S
+    message = str(error.value)
+    assert f"MNIST is not in {tmp_path / 'data' / 'MNIST' / 'raw'}" in message
+    assert "downloads are off here (COURSE_DATA_DOWNLOAD=0)" in message
+    assert "kubectl apply -f deploy/kuberay/data-job.yaml" in message and "COURSE_DATA_DOWNLOAD=1" in message
+    assert not (tmp_path / "data").exists(), "nothing was written"
+
+
+def test_the_data_job_s_command_fills_the_folder_once_and_keeps_a_whole_copy(manifests, tmp_path):
+    # The Job's own command and environment, here: on a folder that already holds MNIST it downloads nothing.
+
+    container = manifests["data-job.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    shutil.copytree(load_config().data_dir / "MNIST" / "raw", tmp_path / "data" / "MNIST" / "raw")
+    env = {**{e["name"]: e["value"] for e in container["env"]}, "COURSE_DATA_DIR": str(tmp_path / "data"),
+           "PYTHONPATH": str(REPO_ROOT), "PATH": os.environ["PATH"]}
+    assert container["command"][0] == "python"  # the image's; here this environment's
+    done = subprocess.run([sys.executable, *container["command"][1:]], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(f"MNIST was already in {tmp_path / 'data' / 'MNIST' / 'raw'}, whole: "), done.stdout
 
 
 def test_missing_reference_files_fail_fast_with_what_to_do(tmp_path, monkeypatch):
@@ -292,7 +512,6 @@ def test_missing_reference_files_fail_fast_with_what_to_do(tmp_path, monkeypatch
 def test_reference_files_are_downloaded_when_missing(tmp_path, monkeypatch):
     # The online path, from a local HTTP server serving the same release layout.
     import http.server
-    import shutil
     import threading
 
     release = tmp_path / "release"
@@ -319,6 +538,46 @@ def test_cluster_commands_are_skipped_without_a_cluster_and_run_with_one(monkeyp
     monkeypatch.setenv("COURSE_KUBERNETES", "1")
     kuberay.on_cluster("echo ran")
     assert capfd.readouterr().out == "$ echo ran\nran\n"
+
+
+def test_on_a_cluster_the_egress_policy_is_refused_while_it_holds_a_placeholder(monkeypatch, tmp_path, capfd):
+    # Applied as the repository ships it (192.0.2.1, 198.51.100.10), the autoscaler could not reach the API server.
+    monkeypatch.setenv("COURSE_KUBERNETES", "1")
+    ran = []
+    monkeypatch.setattr(kuberay.commands.subprocess, "run", lambda *a, **k: ran.append(a))
+    command = "kubectl apply -f deploy/kuberay/networkpolicy-egress.yaml --request-timeout=30s"
+    with pytest.raises(kuberay.ManifestError, match=r"spec.egress.2: 192.0.2.1/32 is a placeholder"):
+        kuberay.on_cluster(command)
+    assert ran == []
+    # Filled as section 09 does it (sed: the API server's address, the storage rule deleted), it is applied and passes.
+    filled = tmp_path / "networkpolicy-egress.yaml"
+    text = (kuberay.DEPLOY_DIR / "networkpolicy-egress.yaml").read_text()
+    filled.write_text(text.replace("192.0.2.1/32", "10.0.0.1/32")[: text.index("    # Your storage endpoint")])
+    monkeypatch.setattr(kuberay.reference, "DEPLOY_DIR", tmp_path)
+    for name in ("rayjob.yaml", "raycluster.yaml", "data-job.yaml"):
+        shutil.copy(kuberay.DEPLOY_DIR / name, tmp_path / name)
+    policy = kuberay.load_manifest("networkpolicy-egress.yaml")
+    assert kuberay.placeholder_errors(policy) == [] and kuberay.egress_policy_errors(policy) == []
+    kuberay.on_cluster(command)
+    assert len(ran) == 1
+    # A storage address left at its placeholder is refused too.
+    assert kuberay.placeholder_errors(kuberay.reference.load_manifest("networkpolicy-egress.yaml")) == []
+    policy["spec"]["egress"].append({"to": [{"ipBlock": {"cidr": "198.51.100.10/32"}}], "ports": [{"port": 9000}]})
+    assert kuberay.placeholder_errors(policy) == [
+        "spec.egress.3: 198.51.100.10/32 is a placeholder; set the address (section 09) or delete the rule"]
+
+
+def test_the_course_s_image_may_carry_a_registry_and_a_tag_of_its_own_build():
+    cluster = kuberay.load_manifest("raycluster.yaml")
+    renamed = copy.deepcopy(cluster)
+    for group in [renamed["spec"]["headGroupSpec"], *renamed["spec"]["workerGroupSpecs"]]:
+        group["template"]["spec"]["containers"][0]["image"] = "registry.example.com/team/ray-course:2.60.0-py311-2611"
+    assert kuberay.validate(renamed)
+    for image in ("ray-course:2.60.0-py3110", "registry.example.com/not-ray-course:2.60.0-py311", "ray-course:latest"):
+        wrong = copy.deepcopy(cluster)
+        wrong["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = image
+        with pytest.raises(kuberay.ManifestError, match="expected the course's image"):
+            kuberay.validate(wrong)
 
 
 def test_the_install_step_runs_as_a_module():

@@ -7,13 +7,20 @@ import contextlib
 import io
 import re
 import shlex
+import tomllib
 from pathlib import Path, PurePosixPath
 
 import yaml
 
 from helpers.config import CLUSTER_STORAGE, REPO_ROOT, load_config
-from helpers.tooling.kuberay.network import networkpolicy_errors
+from helpers.tooling.kuberay.network import egress_policy_errors, networkpolicy_errors
 from helpers.tooling.kuberay.reference import DEPLOY_DIR, ManifestError, load_manifest
+from helpers.tooling.kuberay.security import security_errors
+
+#: Where the Ray pods find the course's datasets (COURSE_DATA_DIR): on the shared volume, filled by data-job.yaml.
+DATA_DIR = CLUSTER_STORAGE / "data"
+#: The data Job's command: fill the data folder once (helpers.data.fill_mnist).
+FILL_COMMAND = ["python", "-c", "from helpers.data import fill_mnist; fill_mnist()"]
 
 
 def course_pins() -> dict[str, str]:
@@ -32,17 +39,48 @@ def course_image_tag() -> str:
     return f"{pins['ray']}-{pins['python']}"
 
 
+#: The Dockerfile's build argument that pins Ray's base image by digest: it has no default, the builder gives it.
+DIGEST_ARG = "RAY_IMAGE_DIGEST"
+
+
 def dockerfile_errors(text: str | None = None) -> list[str]:
-    """The Dockerfile builds on Ray's image at the course's pins and installs the course's pinned packages."""
+    """The Dockerfile builds on Ray's image at the course's pins, by digest, and installs the training's packages only."""
     text = (DEPLOY_DIR / "Dockerfile").read_text() if text is None else text
     errors = []
     found = re.search(r"^FROM\s+(\S+)", text, re.M)
     base = found.group(1) if found else "(no FROM line)"
-    if base != f"rayproject/ray:{course_image_tag()}":
-        errors.append(f"Dockerfile: FROM {base}, expected rayproject/ray:{course_image_tag()} (the course's pins)")
-    if "pip install --no-cache-dir -e ." not in text:
-        errors.append("Dockerfile: does not install the course's pinned packages (pip install -e .)")
+    expected = f"rayproject/ray:{course_image_tag()}@${{{DIGEST_ARG}}}"
+    if base != expected:
+        errors.append(f"Dockerfile: FROM {base}, expected {expected} (the course's pins, the base image by digest)")
+    arg = re.search(rf"^ARG\s+{DIGEST_ARG}(?:=(\S*))?\s*$", text[:found.start() if found else len(text)], re.M)
+    if arg is None:
+        errors.append(f"Dockerfile: no `ARG {DIGEST_ARG}` before FROM: the build needs the base image's digest")
+    elif arg.group(1) is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", arg.group(1)):
+        errors.append(f"Dockerfile: ARG {DIGEST_ARG}={arg.group(1)} is not a digest (sha256:<64 hex digits>)")
+    try:
+        extras = _image_extras(text)
+    except ManifestError as error:
+        errors.append(str(error))
+    else:
+        if extras:
+            errors.append(f"Dockerfile: installs the extras {sorted(extras)}: the image takes the training's packages "
+                          "only (pyproject.toml's [project] dependencies)")
     return errors
+
+
+def _image_extras(text: str) -> set[str]:
+    found = re.search(r"pip install (?:--\S+ )*-e \"?\.(?:\[([^\]]*)\])?\"?(?:\s|$)", text)
+    if found is None:
+        raise ManifestError("Dockerfile: does not install the course's pinned packages (pip install --no-cache-dir -e .)")
+    return {extra.strip() for extra in (found.group(1) or "").split(",") if extra.strip()}
+
+
+def image_requirements(text: str | None = None) -> list[str]:
+    """The requirements the Dockerfile's `pip install` installs: pyproject.toml's dependencies and the extras it names."""
+    text = (DEPLOY_DIR / "Dockerfile").read_text() if text is None else text
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    return list(project["dependencies"]) + [req for extra in sorted(_image_extras(text)) for req in extras[extra]]
 
 
 def image_workdir() -> PurePosixPath:
@@ -67,15 +105,23 @@ def storage_claim() -> str:
 
 
 def course_errors(manifest: dict) -> list[str]:
-    """The course's cross-checks of a RayCluster or RayJob: what a schema cannot see."""
-    if manifest["kind"] == "RayJob":
-        return cluster_errors(manifest["spec"]["rayClusterSpec"], "spec.rayClusterSpec.") + rayjob_errors(manifest)
-    if manifest["kind"] == "RayCluster":
-        return cluster_errors(manifest["spec"], "spec.")
-    if manifest["kind"] == "PersistentVolumeClaim" and "ReadWriteMany" not in manifest["spec"]["accessModes"]:
-        return ["spec.accessModes: every pod writes checkpoints to this volume: it needs ReadWriteMany"]
-    if manifest["kind"] == "NetworkPolicy":
-        return networkpolicy_errors(manifest)
+    """The course's cross-checks of a manifest (RayCluster, RayJob, Job, PersistentVolumeClaim, NetworkPolicy): what a
+    schema cannot see, and the Pod Security Standard "restricted" for every pod it makes."""
+    kind = manifest["kind"]
+    if kind == "RayJob":
+        errors = cluster_errors(manifest["spec"]["rayClusterSpec"], "spec.rayClusterSpec.") + rayjob_errors(manifest)
+        return errors + security_errors(manifest)
+    if kind == "RayCluster":
+        return cluster_errors(manifest["spec"], "spec.") + security_errors(manifest)
+    if kind == "Job":
+        return data_job_errors(manifest) + security_errors(manifest)
+    if kind == "PersistentVolumeClaim" and "ReadWriteMany" not in manifest["spec"]["accessModes"]:
+        return ["spec.accessModes: pods on every node read and write this volume (the data, the runs): it needs "
+                "ReadWriteMany"]
+    if kind == "NetworkPolicy":
+        spec = manifest["spec"]
+        return egress_policy_errors(manifest) if "egress" in spec and "ingress" not in spec else networkpolicy_errors(
+            manifest)
     return []
 
 
@@ -99,11 +145,18 @@ def cluster_errors(spec: dict, where: str = "spec.") -> list[str]:
     return errors
 
 
+def is_course_image(image: str) -> bool:
+    """The course's image, under any registry: ray-course:<Ray>-py<Python>, or that tag with a build suffix
+    (ray-course:2.60.0-py311-20261128), so that each build gets a tag of its own."""
+    repository, _, tag = image.rpartition(":")
+    return repository.rpartition("/")[2] == "ray-course" and (tag == course_image_tag()
+                                                               or tag.startswith(course_image_tag() + "-"))
+
+
 def _pod_errors(pod: dict, token_by_env: bool) -> list[str]:
     errors = []
     ray = pod["containers"][0]  # KubeRay's Ray container is the first one
-    repository, _, tag = ray["image"].rpartition(":")
-    if tag != course_image_tag() or not repository.endswith("ray-course"):
+    if not is_course_image(ray["image"]):
         errors.append(f"image: {ray['image']!r}, expected the course's image ray-course:{course_image_tag()}")
     limits, requests = ray.get("resources", {}).get("limits", {}), ray.get("resources", {}).get("requests", {})
     if not {"cpu", "memory"} <= limits.keys() or limits != requests:
@@ -129,7 +182,47 @@ def _storage_errors(pod: dict, ray: dict) -> list[str]:
     if Path(mounts[0] if mounts else "/") != CLUSTER_STORAGE:
         return [f"volumeMounts: mount the claim {claim!r} at {CLUSTER_STORAGE} (found: {mounts or 'none'})"]
     env = {e["name"]: e.get("value") for e in ray.get("env", [])}
-    return storage_path_errors(env.get("COURSE_STORAGE_PATH"), "env.COURSE_STORAGE_PATH")
+    errors = storage_path_errors(env.get("COURSE_STORAGE_PATH"), "env.COURSE_STORAGE_PATH")
+    return errors + data_env_errors(env, download=False)
+
+
+def data_env_errors(env: dict[str, str | None], download: bool) -> list[str]:
+    """COURSE_DATA_DIR is the data folder on the shared volume; COURSE_DATA_DOWNLOAD allows a download or not."""
+    errors = []
+    if env.get("COURSE_DATA_DIR") != str(DATA_DIR):
+        errors.append(f"env.COURSE_DATA_DIR: {env.get('COURSE_DATA_DIR')!r}, expected {str(DATA_DIR)!r}, the folder "
+                      "on the shared volume the data Job fills (unset, each pod would look in its own image)")
+    try:
+        allowed = load_config({"COURSE_DATA_DOWNLOAD": env.get("COURSE_DATA_DOWNLOAD") or ""}).data_download
+    except ValueError as error:
+        return [*errors, f"env.COURSE_DATA_DOWNLOAD: {error}"]
+    if allowed != download:
+        errors.append("env.COURSE_DATA_DOWNLOAD: set it to '0': a Ray pod never downloads at training time"
+                      if not download else "env.COURSE_DATA_DOWNLOAD: set it to '1': this Job is what downloads")
+    return errors
+
+
+def data_job_errors(job: dict) -> list[str]:
+    """The data Job fills the Ray pods' data folder, on the shared volume, with the course's image, and ends."""
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    errors = []
+    if not is_course_image(container["image"]):
+        errors.append(f"image: {container['image']!r}, expected the course's image ray-course:{course_image_tag()}")
+    if container.get("command") != FILL_COMMAND:
+        errors.append(f"spec.template.spec.containers[0].command: expected {FILL_COMMAND}")
+    if pod.get("securityContext", {}).get("fsGroup") != 100:
+        errors.append("spec.template.spec.securityContext.fsGroup: set it to 100 (the image's `users` group) to write "
+                      "the shared volume")
+    claim = storage_claim()
+    volumes = [v["name"] for v in pod.get("volumes", []) if v.get("persistentVolumeClaim", {}).get("claimName") == claim]
+    if [m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in volumes] != [str(CLUSTER_STORAGE)]:
+        errors.append(f"volumeMounts: mount the claim {claim!r} at {CLUSTER_STORAGE}")
+    errors += data_env_errors({e["name"]: e.get("value") for e in container.get("env", [])}, download=True)
+    for field in ("activeDeadlineSeconds", "backoffLimit"):
+        if field not in spec:
+            errors.append(f"spec.{field}: set it, so that a download that hangs or fails ends")
+    return errors
 
 
 def storage_path_errors(value: str | None, where: str) -> list[str]:
@@ -173,6 +266,11 @@ def rayjob_errors(job: dict) -> list[str]:
                                       "spec.runtimeEnvYAML.env_vars.COURSE_STORAGE_PATH")
     if not spec.get("shutdownAfterJobFinishes"):
         errors.append("spec.shutdownAfterJobFinishes: set it to true, or the cluster outlives the job")
+    head_image = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    for container in (spec.get("submitterPodTemplate") or {}).get("spec", {}).get("containers", [])[:1]:
+        if container.get("image") != head_image:
+            errors.append(f"spec.submitterPodTemplate: image {container.get('image')!r}, expected the head's "
+                          f"{head_image!r} (`ray job submit` from the same Ray)")
     return errors
 
 

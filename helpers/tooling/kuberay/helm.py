@@ -79,7 +79,7 @@ def install_helm(bin_dir: Path | None = None) -> Path:
 
 
 def helm_template(values: dict | Path, release: str = "ray-course-helm", namespace: str = "default") -> list[dict]:
-    """What `helm install RELEASE kuberay/ray-cluster --version 1.7.0 -f VALUES` would create: the real chart,
+    """What `helm install RELEASE ray-cluster --repo ... --version 1.7.0 -f VALUES` would create: the real chart,
     rendered by the real `helm template` (offline), as a list of manifests."""
     with tempfile.TemporaryDirectory() as tmp:
         if isinstance(values, dict):

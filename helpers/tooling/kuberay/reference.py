@@ -103,7 +103,7 @@ def _strict(schema: Any) -> Any:
 
 
 def chart_defaults() -> dict:
-    """The default values of the `kuberay/ray-cluster` Helm chart v1.7.0."""
+    """The default values of the KubeRay's `ray-cluster` Helm chart v1.7.0."""
     return _load_yaml(reference_dir() / CHART_DIR / "values.yaml")
 
 
