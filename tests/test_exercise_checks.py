@@ -4,7 +4,9 @@ values the learner's cell would leave behind."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import nbformat
@@ -16,13 +18,14 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def run_check_cell(notebook: str, defines: str, answer: dict[str, Any], capsys) -> dict[str, bool]:
-    """Run the one cell of `notebook` that defines `defines` (`exercise_1 = {`) with `answer`'s names set, and
-    return what its check printed: each expectation -> whether it held."""
+    """Run the one cell of `notebook` that defines `defines` (`exercise_1 = {`) in the namespace `answer` (it keeps
+    what the cell defines), and return what its check printed: each expectation -> whether it held."""
     cells = [cell.source for cell in nbformat.read(NOTEBOOKS / notebook, as_version=4).cells
              if cell.cell_type == "code" and f"{defines} = " in cell.source and "check(" in cell.source]
     assert len(cells) == 1, f"{notebook}: {len(cells)} cells define {defines}"
-    namespace = {"check": check, "expect_equal": expect_equal, **answer}
-    exec(cells[0], namespace)
+    answer.setdefault("check", check)
+    answer.setdefault("expect_equal", expect_equal)
+    exec(cells[0], answer)
     lines = capsys.readouterr().out.splitlines()
     expectations = [line[len("  - "):] for line in lines[1:] if line.startswith("  - ")]
     if lines[0].startswith("✓"):
@@ -50,6 +53,27 @@ def test_lesson_00_exercise_1_fails_on_results_taken_in_submission_order(capsys,
     results = run_check_cell("00_ray_core.ipynb", "exercise_1",
                              {"as_finished": as_finished, "elapsed_s": elapsed_s, "num_cpus": 2}, capsys)
     assert [what.split(":")[0].split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 07 · exercise 3: the token must not reach curl's arguments, where `ps` shows them ----------------------------
+
+@pytest.mark.parametrize("answer,token_seen", [
+    ('f"curl --silent --fail -H @{header_file} {api_url}"', False),  # the solution: curl reads the file
+    ('f"curl --silent --fail -H \\"$(cat {header_file})\\" {api_url}"', True),  # the shell puts the token in argv
+    ('f"curl -H \\"Authorization: Bearer $(cat {header_file} | cut -d\' \' -f3)\\" {api_url}"', True),
+])
+def test_lesson_07_exercise_3_fails_when_the_token_reaches_curls_command_line(tmp_path, capsys, answer, token_seen):
+    """`-H "$(cat file)"` never shows the token in the command the learner writes, but the shell expands it into
+    curl's arguments."""
+    token_file = tmp_path / "token"
+    token_file.write_text("0123456789abcdef\n")
+    namespace: dict[str, Any] = {"Path": Path, "cluster": SimpleNamespace(token_file=token_file),
+                                 "api": "http://127.0.0.1:9/api/jobs/"}  # nothing listens there: not asserted
+    exec(f"def curl_command(api_url, header_file):\n    return {answer}\n", namespace)
+    results = run_check_cell("07_ray_jobs.ipynb", "exercise_3", namespace, capsys)
+    shutil.rmtree(namespace["header_file"].parent)  # the cell made it, as in the lesson
+    token_check = [what for what in failed(results) if what.startswith("the token is not in curl's arguments")]
+    assert bool(token_check) == token_seen, results
 
 
 # ---- 11 · exercise 1: a trial's workers each fit on one node; the cluster's total CPUs over-count ---------------

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-from types import SimpleNamespace
-
-import nbformat
 import pytest
 
 from helpers.exercises import ExerciseNotPassed, argv_of, check, expect_equal
@@ -53,29 +48,3 @@ def test_argv_of_sees_what_the_shell_expanded_and_only_the_program_asked_for(tmp
     secret.write_text("s3cr3t\n")
     assert argv_of(f'echo hi; curl -H "$(cat {secret})" http://x', "curl") == [["curl", "-H", "s3cr3t", "http://x"]]
     assert argv_of("true", "curl") == []
-
-
-LESSON_07 = Path(__file__).resolve().parents[1] / "notebooks" / "07_ray_jobs.ipynb"
-
-
-@pytest.mark.parametrize("answer,token_seen", [
-    ('f"curl --silent --fail -H @{header_file} {api_url}"', False),  # the solution: curl reads the file
-    ('f"curl --silent --fail -H \\"$(cat {header_file})\\" {api_url}"', True),  # the shell puts the token in argv
-    ('f"curl -H \\"Authorization: Bearer $(cat {header_file} | cut -d\' \' -f3)\\" {api_url}"', True),
-])
-def test_lesson_07_exercise_3_fails_when_the_token_reaches_curls_command_line(tmp_path, capsys, answer, token_seen):
-    """The check cell of lesson 07's exercise 3, run on the answer: `-H "$(cat file)"` never shows the token in the
-    command the learner writes, but the shell expands it into curl's arguments, where `ps` shows it."""
-    cells = [cell.source for cell in nbformat.read(LESSON_07, as_version=4).cells if "exercise_3 = {" in cell.source]
-    assert len(cells) == 1
-    token_file = tmp_path / "token"
-    token_file.write_text("0123456789abcdef\n")
-    namespace = {"Path": Path, "check": check, "api": "http://127.0.0.1:9/api/jobs/",  # nothing listens: not asserted
-                 "cluster": SimpleNamespace(token_file=token_file)}
-    exec(f"def curl_command(api_url, header_file):\n    return {answer}\n", namespace)
-    exec(cells[0], namespace)
-    lines = capsys.readouterr().out.splitlines()
-    failed = [line for line in lines if line.startswith("  - the token is not in curl's arguments")]
-    assert lines[0].startswith("✗ Exercise 3, not yet"), "nothing listens at the API here"
-    assert bool(failed) == token_seen, lines
-    shutil.rmtree(namespace["header_file"].parent)
