@@ -232,8 +232,9 @@ def _is_placeholder(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> b
 
 
 def placeholder_errors(policy: dict) -> list[str]:
-    """The ipBlock rules of an egress policy that still hold a documentation address: on a real cluster they match
-    nothing, so the autoscaler cannot reach the API server (and the pods their storage)."""
+    """The ipBlock rules of a manifest's `spec.egress` (a NetworkPolicy's; other kinds have none) that still hold a
+    documentation address: on a real cluster they match nothing, so the autoscaler cannot reach the API server (and
+    the pods their storage)."""
     errors = []
     for index, rule in enumerate(policy["spec"].get("egress") or []):
         for peer in rule.get("to") or []:
