@@ -160,8 +160,8 @@ CHECK_CALL = re.compile(r"\bcheck(?:_step)?\(\s*[\"']([^\"']+)[\"']")  # an exer
 
 def exercise_problems(cells: list[dict]) -> list[str]:
     """What is wrong with a notebook's exercises (helpers.exercises, helpers.capstone): every solution cell is
-    collapsed, ends with a strict check (or is the first part of a solution whose next cell does), and follows a check
-    of the same exercise that the learner runs first."""
+    collapsed, its source and its output (which gives the answer away), ends with a strict check (or is the first
+    part of a solution whose next cell does), and follows a check of the same exercise that the learner runs first."""
     problems, checked = [], set()
     code_cells = [(index, cell) for index, cell in enumerate(cells) if cell["cell_type"] == "code"]
     for position, (index, cell) in enumerate(code_cells):
@@ -172,6 +172,8 @@ def exercise_problems(cells: list[dict]) -> list[str]:
             continue
         if not cell["metadata"].get("jupyter", {}).get("source_hidden"):
             problems.append(f"cell {index}: a solution is collapsed (metadata jupyter.source_hidden: true)")
+        if not cell["metadata"].get("jupyter", {}).get("outputs_hidden"):
+            problems.append(f"cell {index}: a solution's output is collapsed (metadata jupyter.outputs_hidden: true)")
         following = code_cells[position + 1][1] if position + 1 < len(code_cells) else None
         continued = (not calls and following is not None and "solution" in following["metadata"].get("tags", [])
                      and CHECK_CALL.search(_source(following)) and "strict=True" in _source(following))
@@ -189,13 +191,17 @@ def test_exercise_solutions_are_collapsed_and_prove_their_check(path):
 
 def test_the_exercise_rule_finds_each_mistake():
     def code(source: str, solution: bool = False, hidden: bool = True) -> dict:
-        metadata = {"tags": ["solution"], "jupyter": {"source_hidden": hidden}} if solution else {}
+        collapsed = {"outputs_hidden": hidden, "source_hidden": hidden}
+        metadata = {"tags": ["solution"], "jupyter": collapsed} if solution else {}
         return {"cell_type": "code", "source": source, "metadata": metadata}
 
     learner, check = code("answer = ..."), code('check("1", {"x": lambda: answer == 1})')
     solution = code('answer = 1\ncheck("1", {"x": lambda: answer == 1}, strict=True)', solution=True)
     assert exercise_problems([learner, check, solution]) == []
     assert "collapsed" in exercise_problems([check, {**solution, "metadata": {"tags": ["solution"]}}])[0]
+    shown_output = {**solution, "metadata": {"tags": ["solution"], "jupyter": {"source_hidden": True}}}
+    assert exercise_problems([learner, check, shown_output]) == [
+        "cell 2: a solution's output is collapsed (metadata jupyter.outputs_hidden: true)"]
     assert "strict=True" in exercise_problems([check, code('check("1", {})', solution=True)])[0]
     assert "comes before" in exercise_problems([solution, check])[0]
     first_part = code("def helper(): return 1", solution=True)
