@@ -24,6 +24,10 @@ it lists:
                                           runs, storage, streaming, tooling.bench
     11_hyperparameter_search              cluster, display, exercises, fault_tolerance, inference, ingest, plots, runs,
                                           storage, tuning
+    12_fsdp                               display, exercises, fault_tolerance, ingest, results, runs, sharding, sizes,
+                                          storage, training
+    train_fsdp.py                         cluster, config, ingest, results, runs, session, sharding, sizes,
+                                          tooling.scripts
     train_ray_ddp.py                      cluster, config, ddp, results, runs, session, sizes, tooling.scripts
     train_ray_ddp_with_ray_data.py        cluster, config, fault_tolerance, ingest, results, runs, session, sizes,
                                           tooling.scripts

@@ -25,6 +25,12 @@ SIZES: dict[str, dict[str, Any]] = {
         #: train_ray_ddp.py's steps per epoch, and batches of 512 test images: all of them.
         "ddp_script_steps": None,
         "ddp_script_test_batches": None,
+        #: Lesson 12's and train_fsdp.py's model: 8 blocks of 1024 features, 68M parameters (259 MiB in float32).
+        "fsdp_model": {"width": 1024, "depth": 8},
+        #: Lesson 12's optimizer steps per epoch in its measuring runs, and in its training run that must fit.
+        "fsdp_steps": {"measure": 8, "train": 80},
+        #: Lesson 12's memory budget per worker, in MiB: less than DDP's 16 bytes per parameter, more than FSDP2's on 2.
+        "fsdp_budget_mb": 768,
     },
     "smoke": {
         "mnist_rows": {"train": 1920, "valid": 1000},  # 15 steps of 128 images, 1000 to validate
@@ -35,6 +41,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "streaming_gb": 0.01,
         "ddp_script_steps": 12,
         "ddp_script_test_batches": 2,  # 2 x 512 test images, else all 10,000
+        "fsdp_model": {"width": 64, "depth": 2},
+        "fsdp_steps": {"measure": 2, "train": 6},
+        "fsdp_budget_mb": 2,
     },
 }
 

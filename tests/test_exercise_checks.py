@@ -95,3 +95,85 @@ def test_lesson_11_exercise_1_fails_on_the_cluster_total(capsys, answer, passes)
     assert all(results.values()) == passes, results
     if not passes:  # ([3, 3], 1, 2): 3 trials by the total, 2 by whole workers per node
         assert failed(results)[0].endswith("(AssertionError: got [2, 2, 1, 5, 1, 3])"), results
+
+
+# ---- 12 · exercise 1: the global batch stays the same with micro-batches, not only with more workers ---------------
+
+@pytest.mark.parametrize("answer,wrong", [
+    ("global_batch_size // (num_workers * accumulation_steps)", []),
+    ("global_batch_size // num_workers", ["on 2 workers with 2 micro-batches per step: 32",  # micro-batches ignored
+                                          "on 4 workers with 4 micro-batches per step: 8"]),
+    ("global_batch_size / (num_workers * accumulation_steps)", ["a whole number of images, an int"]),  # 32.0
+])
+def test_lesson_12_exercise_1_fails_when_micro_batches_are_ignored(capsys, answer, wrong):
+    namespace: dict[str, Any] = {}
+    exec(f"def batch_size_per_worker(global_batch_size, num_workers, accumulation_steps):\n    return {answer}\n",
+         namespace)
+    results = run_check_cell("12_fsdp.ipynb", "exercise_1", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 12 · exercise 2: each block its own unit, and the root; the policy passed on -----------------------------
+
+SHARD_EACH_BLOCK_AND_ROOT = """
+for block in model.blocks:
+    fully_shard(block, mp_policy=policy)
+fully_shard(model, mp_policy=policy)"""
+
+
+@pytest.mark.parametrize("body,wrong", [
+    (SHARD_EACH_BLOCK_AND_ROOT, []),
+    ("fully_shard(model, mp_policy=policy)",  # one unit: the whole model gathered at once
+     ["every block is gathered on its own: fully_shard on each block"]),
+    ("for block in model.blocks:\n    fully_shard(block, mp_policy=policy)",  # embed, norm and head left whole,
+     ["the root is sharded too, so embed, norm and head are split",  # and in float32: the head gets bf16 inputs
+      "forward runs in the policy's bfloat16"]),
+    (SHARD_EACH_BLOCK_AND_ROOT.replace(", mp_policy=policy", ""), ["forward runs in the policy's bfloat16"]),
+])
+def test_lesson_12_exercise_2_fails_on_one_unit_a_missing_root_or_a_dropped_policy(capsys, body, wrong):
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from helpers.sharding import ResidualMLP
+
+    namespace: dict[str, Any] = {"torch": torch, "MixedPrecisionPolicy": MixedPrecisionPolicy,
+                                 "fully_shard": fully_shard, "ResidualMLP": ResidualMLP,
+                                 "model_config": {"width": 16, "depth": 2}}
+    exec("def shard(model, policy):\n" + "\n".join("    " + line for line in body.strip().splitlines()), namespace)
+    results = run_check_cell("12_fsdp.ipynb", "exercise_2", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 12 · exercise 3: accumulate without a reduce-scatter per micro-batch, with the whole batch's gradient --------
+
+TRAIN_STEP = """
+for i, (images, labels) in enumerate(group):
+    model.set_requires_gradient_sync(i == len(group) - 1)
+    loss = nn.functional.cross_entropy(model(images), labels) / len(group)
+    loss.backward()
+optimizer.step()
+optimizer.zero_grad()"""
+GRADIENT = "the step's gradient equals the whole batch's: divide each loss by the number of micro-batches"
+
+
+@pytest.mark.parametrize("body,wrong", [
+    (TRAIN_STEP, []),
+    (TRAIN_STEP.replace(" / len(group)", ""), [GRADIENT]),  # the sum of the micro-batches' gradients
+    (TRAIN_STEP.replace("    model.set_requires_gradient_sync(i == len(group) - 1)\n", ""),  # a reduce per backward
+     ["no unit reduce-scatters before the last micro-batch's backward"]),
+    (TRAIN_STEP.replace("i == len(group) - 1", "i == len(group) - 1, recurse=False"),  # the root's unit only
+     ["no unit reduce-scatters before the last micro-batch's backward"]),
+    (TRAIN_STEP.replace("i == len(group) - 1", "False"),  # never reduced
+     [GRADIENT, "every unit reduce-scatters in the last backward"]),
+    (TRAIN_STEP.replace("optimizer.step()\noptimizer.zero_grad()", "").replace(  # a step per micro-batch
+        "loss.backward()", "loss.backward()\n    optimizer.step()\n    optimizer.zero_grad()"),
+     [GRADIENT, "one optimizer step"]),
+])
+def test_lesson_12_exercise_3_fails_on_each_accumulation_mistake(capsys, body, wrong):
+    from torch import nn
+
+    namespace: dict[str, Any] = {"nn": nn, "model_config": {"width": 16, "depth": 2}}
+    exec("def train_step(model, optimizer, group):\n" + "\n".join("    " + line for line in body.strip().splitlines()),
+         namespace)
+    results = run_check_cell("12_fsdp.ipynb", "exercise_3", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results

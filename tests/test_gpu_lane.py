@@ -127,7 +127,9 @@ def test_the_committed_report_has_the_lanes_layout_and_the_readme_quotes_it():
     report = json.loads(REPORT.read_text())
     assert report["schema"] == gpu_lane.SCHEMA and report["mode"] == "full"
     assert {"gpus", "cuda", "torch", "ray", "python", "cpus"} <= report["machine"].keys() and report["machine"]["gpus"]
-    assert [result["lesson"] for result in report["lessons"]] == list(LESSONS)
+    reported = [result["lesson"] for result in report["lessons"]]
+    assert reported == [number for number in LESSONS if number in reported], "the lane's lessons, in its order"
+    assert set(LESSONS) - set(reported) <= {"12"}, "only a lesson added after the lane's run may be missing from it"
     for result in report["lessons"]:
         assert result["status"] in ("passed", "failed", "timed out", "not run")
         if result["status"] != "not run":
@@ -139,6 +141,8 @@ def test_the_committed_report_has_the_lanes_layout_and_the_readme_quotes_it():
         assert rows[result["lesson"]].endswith(f"| {gpu_lane.table_cell(result)} |"), result["lesson"]
     for number in NOT_IN_LANE:
         assert rows[number].endswith("| not in the GPU lane |")
+    for number in set(LESSONS) - set(reported):  # added after the lane's run: no GPU figure yet
+        assert rows[number].endswith("| not measured yet |"), number
 
 
 def test_a_recorder_that_cannot_write_warns_once_and_never_fails_the_run(tmp_path):

@@ -21,6 +21,7 @@ LESSON_CODE = {
     "03_ray_data_ingest.ipynb": {"train_loop_per_worker": "helpers.ingest"},
     "05_fault_tolerance.ipynb": {"train_loop_per_worker": "helpers.fault_tolerance"},
     "11_hyperparameter_search.ipynb": {"train_driver": "helpers.tuning"},
+    "12_fsdp.ipynb": {"train_loop_per_worker": "helpers.sharding"},
 }
 
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -430,3 +431,76 @@ def test_the_best_checkpoint_loads_and_reproduces_its_accuracy(continued_search:
     with torch.no_grad():
         accuracy = evaluate(model, DataLoader(test_images, batch_size=256), "cpu")["accuracy"]
     assert abs(accuracy - reported) < 1e-3, f"the best checkpoint gives {accuracy:.4f}, the search reported {reported}"
+
+
+#: Lesson 12's script: FSDP2, each rank writing its own shard of every checkpoint (torch.distributed.checkpoint).
+FSDP_SCRIPT = "train_fsdp.py"
+
+
+def train_workers(cluster: LocalCluster) -> dict[str, str]:
+    """The node of every Ray Train worker the cluster has started, ended ones too, by actor id, from the dashboard's
+    state API: the way to see where a loop ran that reports no `node_id` (lesson 12's)."""
+    query = urllib.parse.urlencode({"limit": "10000", "filter_keys": "class_name", "filter_predicates": "=",
+                                    "filter_values": "RayTrainWorker"})
+    request = urllib.request.Request(f"{cluster.dashboard_url}/api/v0/actors?{query}",
+                                     headers={"Authorization": f"Bearer {cluster.token}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return {actor["actor_id"]: actor["node_id"] for actor in json.load(response)["data"]["result"]["result"]}
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(cluster: LocalCluster, course_env: dict[str, str]) -> dict:
+    """Lesson 12's script on both worker nodes for 2 epochs, then run again under its name for a third: each run's
+    output and its workers' nodes, and the run folder."""
+    storage, name = Path(course_env["COURSE_STORAGE_PATH"]), "lesson12-fsdp"
+    runs = {}
+    for epochs in (2, 3):
+        before = train_workers(cluster)
+        script = start_script(FSDP_SCRIPT, course_env, "--num-workers", "2", "--epochs", str(epochs), "--name", name)
+        stdout, stderr = script.communicate(timeout=600)
+        assert script.returncode == 0, stdout[-3000:] + stderr[-3000:]
+        runs[epochs] = {"stdout": stdout, "nodes": [node for actor, node in train_workers(cluster).items()
+                                                    if actor not in before]}
+    return {"folder": storage / name, "runs": runs}
+
+
+def test_lesson_12_s_script_writes_every_rank_s_shard_from_both_worker_nodes(
+        fsdp_runs: dict, worker_node_ids: set[str]) -> None:
+    checkpoints = sorted(path for path in fsdp_runs["folder"].glob("checkpoint_*") if path.is_dir())
+    assert len(checkpoints) == 3, "one checkpoint per epoch, the continued run's too"
+    for checkpoint in checkpoints:  # each rank uploaded its own shard into the one folder
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp", "progress.json"} <= {
+            path.name for path in checkpoint.iterdir()}, checkpoint
+    for epochs, run in fsdp_runs["runs"].items():
+        assert len(run["nodes"]) == 2 and set(run["nodes"]) == worker_node_ids, f"--epochs {epochs}: {run['nodes']}"
+
+
+def test_lesson_12_s_script_continues_by_name_from_its_sharded_checkpoint(fsdp_runs: dict) -> None:
+    history = read_history(str(fsdp_runs["folder"]))
+    reports = history[history["event"] == "report"]
+    assert list(reports["epoch"]) == [0, 1, 2] and list(reports["start_epoch"]) == [0, 0, 2]
+    assert "epoch 2 (this run started at epoch 2)" in fsdp_runs["runs"][3]["stdout"]
+    assert reports["train_loss"].iloc[-1] < reports["train_loss"].iloc[0], "the third epoch started over"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # load_unsharded: no group, as meant
+def test_the_sharded_checkpoint_gathered_whole_reproduces_the_run_s_accuracy(
+        fsdp_runs: dict, course_env: dict[str, str]) -> None:
+    # The loop's evaluate_shard counts every row of "valid" (the first 1000 test images in smoke mode), split across
+    # the ranks, with the sharded model: a model gathered from the wrong shards would not score the same.
+    import torch
+    from ray.train import Checkpoint
+    from torch.utils.data import DataLoader, Subset
+
+    from helpers.data import load_mnist
+    from helpers.ingest import SMOKE_ROWS
+    from helpers.sharding import load_unsharded
+    from helpers.sizes import sized
+    from helpers.training import evaluate
+
+    last = read_history(str(fsdp_runs["folder"])).query("event == 'report'").iloc[-1]
+    model = load_unsharded(Checkpoint(str(fsdp_runs["folder"] / last["checkpoint"])), sized("fsdp_model", True))
+    test_images = Subset(load_mnist(course_env["COURSE_DATA_DIR"], train=False), range(SMOKE_ROWS["valid"]))
+    with torch.no_grad():
+        accuracy = evaluate(model, DataLoader(test_images, batch_size=500), "cpu")["accuracy"]
+    assert accuracy == last["test_acc"], f"the gathered model gives {accuracy}, the run reported {last['test_acc']}"

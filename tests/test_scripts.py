@@ -50,6 +50,25 @@ def test_parse_script_args_names_the_scripts_it_knows():
         parse_script_args("train.py", [])
 
 
+def test_train_fsdp_s_flags_default_to_lesson_12_s_sharded_run(monkeypatch):
+    from helpers.tooling.scripts import SMOKE_FSDP_STEPS, parse_fsdp_args
+
+    monkeypatch.setenv("COURSE_SMOKE_TEST", "1")
+    args = parse_fsdp_args("x", [])
+    assert (args.ddp, args.bf16, args.checkpoint_activations, args.accumulation_steps, args.memory_budget_mb,
+            args.max_failures, args.name) == (False, False, False, 1, None, 0, None)
+    assert args.steps_per_epoch == SMOKE_FSDP_STEPS, "unset: the mode's steps per epoch"
+    args = parse_fsdp_args("x", ["--bf16", "--checkpoint-activations", "--accumulation-steps", "4",
+                                 "--memory-budget-mb", "512.5", "--max-failures", "0", "--steps-per-epoch", "3",
+                                 "--name", "run-1"])
+    assert (args.bf16, args.checkpoint_activations, args.accumulation_steps, args.memory_budget_mb,
+            args.max_failures, args.steps_per_epoch, args.name) == (True, True, 4, 512.5, 0, 3, "run-1")
+    for refused in (["--accumulation-steps", "0"], ["--max-failures", "-1"], ["--memory-budget-mb", "0"],
+                    ["--ddp", "--bf16"]):  # bf16 is FSDP2's MixedPrecisionPolicy: the DDP loop ignores it
+        with pytest.raises(SystemExit):
+            parse_fsdp_args("x", refused)
+
+
 def test_use_gpu_flags_default_to_the_configuration():
     from helpers.tooling.scripts import parse_args
 
@@ -96,8 +115,8 @@ def test_positive_numbers_are_one_argparse_type_with_a_clear_error():
         parser.parse_args(["--n", "1.5"])  # argparse's own "invalid int value: '1.5'"
 
 
-@pytest.mark.parametrize("name", ["train_ray_ddp.py", "train_ray_ddp_with_ray_data.py", "train_streaming.py",
-                                  "tune_ray_ddp.py"])
+@pytest.mark.parametrize("name", ["train_fsdp.py", "train_ray_ddp.py", "train_ray_ddp_with_ray_data.py",
+                                  "train_streaming.py", "tune_ray_ddp.py"])
 def test_parsing_a_scripts_flags_does_not_load_dotenv(name, tmp_path, monkeypatch):
     from helpers.tooling.scripts import parse_script_args
 

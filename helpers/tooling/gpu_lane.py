@@ -65,6 +65,7 @@ LESSONS = {lesson.number: lesson for lesson in (
     Lesson("09", "09_capstone_cifar10_vit.ipynb", 60 * 60),
     Lesson("10", "10_performance.ipynb", 30 * 60),
     Lesson("11", "11_hyperparameter_search.ipynb", 25 * 60),
+    Lesson("12", "12_fsdp.ipynb", 15 * 60),
 )}
 #: The lessons that train but are not in the lane, and why (tests/test_gpu_lane.py fails on any other).
 NOT_IN_LANE = {

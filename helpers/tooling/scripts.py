@@ -26,6 +26,11 @@ def parse_args(description: str, argv: list[str] | None = None, resumable: bool 
     Unset, `--num-workers` and `--use-gpu` are None: the course sizes the run for the cluster, as `setup()` does
     (COURSE_NUM_WORKERS, COURSE_USE_GPU=auto: one worker per GPU when the cluster has GPUs, else 2 on CPU).
     """
+    return config_defaults(_training_parser(description, resumable).parse_args(argv))
+
+
+def _training_parser(description: str, resumable: bool) -> argparse.ArgumentParser:
+    """The parser of `parse_args`, for a script that adds its own flags to it."""
     parser = argparse.ArgumentParser(description=description)
     add_course_flags(parser, "results and checkpoints", "tiny epochs (CI)")
     parser.add_argument("--epochs", type=positive(), default=2, help="training epochs")
@@ -34,7 +39,44 @@ def parse_args(description: str, argv: list[str] | None = None, resumable: bool 
                              "has any)")
     if resumable:
         add_name_flag(parser, "the run", " from its latest checkpoint")
-    return config_defaults(parser.parse_args(argv))
+    return parser
+
+
+#: train_fsdp.py's optimizer steps per epoch without --steps-per-epoch (lesson 12's training run), and in smoke mode.
+FSDP_STEPS = SIZES["full"]["fsdp_steps"]["train"]
+SMOKE_FSDP_STEPS = SIZES["smoke"]["fsdp_steps"]["train"]
+
+
+def parse_fsdp_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """`parse_args`' flags with `--name` (resumable), and lesson 12's: `--ddp`, `--bf16`, `--checkpoint-activations`,
+    `--accumulation-steps`, `--steps-per-epoch`, `--memory-budget-mb`, `--max-failures`.
+
+    `--steps-per-epoch` is None when not given: the mode's (FSDP_STEPS, SMOKE_FSDP_STEPS) is filled in.
+    """
+    parser = _training_parser(description, resumable=True)
+    parser.add_argument("--ddp", action="store_true",
+                        help="replicate the model on every worker (lesson 02's DDP) instead of sharding it (FSDP2)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="compute in bfloat16, reduce gradients in float32 (FSDP2's MixedPrecisionPolicy; "
+                             "not with --ddp)")
+    parser.add_argument("--checkpoint-activations", action="store_true",
+                        help="keep only each block's input for backward, and run its forward again there")
+    parser.add_argument("--accumulation-steps", type=positive(), default=1,
+                        help="micro-batches per optimizer step (gradient accumulation; default 1)")
+    parser.add_argument("--steps-per-epoch", type=positive(), default=None,
+                        help=f"optimizer steps per epoch (default {FSDP_STEPS}, {SMOKE_FSDP_STEPS} with "
+                             "--smoke-test)")
+    parser.add_argument("--memory-budget-mb", type=positive(float), default=None,
+                        help="fail a worker whose tensors outgrow this many MiB, as a GPU of that size would "
+                             "(default: no budget)")
+    parser.add_argument("--max-failures", type=positive(int, 0), default=0,
+                        help="worker-group failures to recover from, each from the latest checkpoint (default 0)")
+    args = config_defaults(parser.parse_args(argv))
+    if args.bf16 and args.ddp:
+        parser.error("--bf16 is FSDP2's mixed precision: leave out --ddp, or --bf16")
+    if args.steps_per_epoch is None:
+        args.steps_per_epoch = sized("fsdp_steps", args.smoke_test)["train"]
+    return args
 
 
 #: tune_ray_ddp.py's search without flags: trials, and epochs per trial (ASHA may stop a trial earlier).
@@ -107,6 +149,7 @@ def parse_streaming_args(description: str, argv: list[str] | None = None) -> arg
 SCRIPT_PARSERS: dict[str, Callable[[str, list[str] | None], argparse.Namespace]] = {
     "train_ray_ddp.py": parse_args,
     "train_ray_ddp_with_ray_data.py": functools.partial(parse_args, resumable=True),
+    "train_fsdp.py": parse_fsdp_args,
     "train_streaming.py": parse_streaming_args,
     "tune_ray_ddp.py": parse_tune_args,
 }
@@ -128,13 +171,15 @@ def requested_size_gb(args: argparse.Namespace) -> float:
 
 
 def print_result(result: Result) -> None:
-    """Print the run's final metrics, its checkpoint and the nodes its workers ran on."""
+    """Print the run's final metrics, its checkpoint and the nodes its workers ran on (when its loop reports each
+    worker's `node_id`)."""
     metrics = result.metrics
-    print(f"test_acc={metrics['test_acc']:.4f} test_loss={metrics['test_loss']:.4f} "
-          f"images_per_s={metrics['images_per_s']:.0f}")
+    shown = {"test_acc": ".4f", "test_loss": ".4f", "images_per_s": ".0f"}  # those the loop reports
+    print(" ".join(f"{key}={metrics[key]:{spec}}" for key, spec in shown.items() if key in metrics))
     print(f"checkpoint: {uri(result.checkpoint.path, result.checkpoint.filesystem)}")  # s3://... on S3
-    nodes = read_history(result).iloc[-1]["worker_nodes"]  # one node id per rank, from MetricsHistory
-    print(f"workers ran on {len(set(nodes))} node(s): {', '.join(node[:8] for node in nodes)}")
+    last = read_history(result).iloc[-1]
+    if isinstance(nodes := last.get("worker_nodes"), list):  # one node id per rank, when the loop reports node_id
+        print(f"workers ran on {len(set(nodes))} node(s): {', '.join(node[:8] for node in nodes)}")
 
 
 #: The course's own errors: each says what to change, so a script prints it without a traceback.
