@@ -7,7 +7,7 @@ Which lesson imports which module (besides `setup` from this package; lesson 07 
 jobs). tests/test_lesson_map.py fails when a lesson imports a module its row does not list, or no longer imports one
 it lists:
 
-    00_ray_core                           exercises
+    00_ray_core                           exercises, session
     01_single_gpu_pytorch                 data, display, exercises, models, plots, runs, storage, training
     02_ray_train_ddp                      cluster, data, exercises, models, plots, runs, training
     03_ray_data_ingest                    cluster, data, display, exercises, ingest, models, plots, runs, storage,

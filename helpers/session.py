@@ -176,6 +176,50 @@ def joined_address(cfg: CourseConfig) -> str | None:
     return None if cfg.ray_address == LOCAL_RAY else cfg.ray_address  # Ray was started without start_ray
 
 
+#: The Ray that `ray_address` last named (see `ray_started`); None before it runs.
+_asked: RayTarget | None = None
+
+
+def ray_address(cfg: CourseConfig) -> str:
+    """The address to pass to `ray.init`: the cluster to join (see `ray_target`), or "local" to start a local Ray.
+
+    It also readies this process for that Ray. Joining a cluster, it sends Ray's token when this process has one
+    (RAY_AUTH_MODE=token, `helpers.auth`): Ray sends it to a cluster named by its address only then. On a local Ray,
+    where `ray.init` turns token auth on by itself, it switches Ray Train's preemption watcher off.
+    """
+    global _asked
+
+    target = ray_target(cfg)
+    if target.passed_over:
+        print(target.passed_over, flush=True)
+    if target.address:
+        send_token_if_given()  # a cluster with token auth refuses a driver that does not send it
+    else:
+        # One machine is never preempted: skip the actor Ray Train starts on every fit() to watch for node
+        # preemption. On 2 cores that process competes with the workers' start-up: fit() to first step
+        # took 13 s instead of 16 s here. Clusters (RAY_ADDRESS) keep it; .env can set it either way.
+        os.environ.setdefault(PREEMPTION_WATCHER_VAR, "0")
+    _asked = target
+    # The address is always explicit: with none, Ray would read the recorded cluster again, which may have changed.
+    return target.address or LOCAL_RAY
+
+
+def _started(context: Any) -> None:
+    """After `ray.init(address=ray_address(cfg), ...)`: record where Ray runs, and quiet Ray's driver logs."""
+    import ray
+
+    global _dashboard_url, _target
+
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not running in this kernel: run ray.init(address=ray_address(cfg), ...) first.")
+    _target = _asked
+    _dashboard_url = getattr(context, "dashboard_url", None) or None
+    # Ray Train asks this actor for resources on every fit() and waits 5 s for its answer: started now, in the
+    # background, the first fit() of the session does not time out while it starts (see helpers.cluster).
+    ray_internals.autoscaling_coordinator()
+    quiet_driver_logs()  # from here on, Ray's warnings (not its info chatter) reach the notebook
+
+
 def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> float:
     """Start an embedded local Ray, or join a cluster (see `ray_target`); return the seconds it took.
 
@@ -184,11 +228,9 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
     """
     import ray
 
-    global _dashboard_url, _target
-
-    target = ray_target(cfg)
-    if target.passed_over:
-        print(target.passed_over, flush=True)
+    address = ray_address(cfg)
+    target = _asked
+    assert target is not None, "ray_address() records the Ray it names"
     if target.named_by not in (None, "RAY_ADDRESS") and object_store_memory is not None:
         # The script's own check (helpers.tooling.scripts) sees RAY_ADDRESS only; ray.init's error names neither.
         raise ConfigError(
@@ -198,25 +240,62 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
     local: dict[str, Any] = {} if target.address else {"include_dashboard": True, "dashboard_host": DASHBOARD_HOST}
     if object_store_memory is not None:
         local["object_store_memory"] = object_store_memory
-    if target.address:
-        send_token_if_given()  # a cluster with token auth refuses a driver that does not send it
-    else:
-        # One machine is never preempted: skip the actor Ray Train starts on every fit() to watch for node
-        # preemption. On 2 cores that process competes with the workers' start-up: fit() to first step
-        # took 13 s instead of 16 s here. Clusters (RAY_ADDRESS) keep it; .env can set it either way.
-        os.environ.setdefault(PREEMPTION_WATCHER_VAR, "0")
     started = time.perf_counter()
-    # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead. The address is
-    # always explicit: with none, Ray would read the recorded cluster again, which may have changed meanwhile.
-    context = ray.init(address=target.address or LOCAL_RAY, runtime_env=runtime_env(cfg), logging_level=logging.ERROR,
-                       **local)
-    _target = target
-    _dashboard_url = context.dashboard_url or None
-    # Ray Train asks this actor for resources on every fit() and waits 5 s for its answer: started now, in the
-    # background, the first fit() of the session does not time out while it starts (see helpers.cluster).
-    ray_internals.autoscaling_coordinator()
-    quiet_driver_logs()  # from here on, Ray's warnings (not its info chatter) reach the notebook
+    # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
+    context = ray.init(address=address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
+    _started(context)
     return time.perf_counter() - started
+
+
+def ray_started(cfg: CourseConfig, context: Any) -> CourseConfig:
+    """After your own `ray.init(address=ray_address(cfg), ...)` (lesson 00): what `setup()` does once Ray runs.
+
+    It quiets Ray's driver logs, plans the workers (GPUs or CPUs, how many), prints what this kernel runs on, and
+    returns the configuration to use from here on (`context`: what `ray.init` returned).
+    """
+    _started(context)
+    return _running(cfg, _how())
+
+
+def _how() -> str:
+    """How this kernel came to run on its Ray, for the "Ray" line."""
+    if _target is None:
+        return "started by ray.init()"
+    how = f"connected to {_target.address}" if _target.address else "started a local Ray"
+    if _target.named_by not in (None, "RAY_ADDRESS"):
+        how += f" (recorded by `ray start` in {_target.named_by})"
+    return how
+
+
+def _running(cfg: CourseConfig, how: str, dotenv: Path | None | bool = False) -> CourseConfig:
+    """Plan the workers on the running Ray, print what this kernel runs on, and return the configuration to use.
+
+    `dotenv`: the `.env` file setup() found (None: none), for its full table; False: only what Ray runs on.
+    """
+    import ray
+    import torch
+
+    from helpers.cluster import cluster_capacity, plan_workers
+
+    joined = joined_address(cfg)
+    capacity = cluster_capacity()
+    plan = plan_workers(cfg, capacity=capacity)  # GPUs or CPUs, how many workers, and why
+    # From here on, cfg.ray_address is the cluster this kernel joined (None: a local Ray, also for RAY_ADDRESS=local).
+    cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers, ray_address=joined)
+    full = dotenv is not False
+    _print_rows({
+        **({"mode": _mode(cfg)} if full else {}),
+        "device": "cuda (GPU)" if cfg.use_gpu else "cpu",
+        **({"data dir": str(cfg.data_dir), "storage path": cfg.storage_path} if full else {}),
+        "workers": plan.describe(),
+        **({".env": _dotenv(dotenv)} if full else {}),  # type: ignore[arg-type]
+        "Ray": f"{ray.__version__}, {how}",
+        "cluster": capacity.describe(),
+        "dashboard": f"http://{_dashboard_url}" if _dashboard_url else "not running",
+        "token auth": token_auth_state(joined=joined is not None),
+        **({"torch": torch.__version__} if full else {}),
+    })
+    return cfg
 
 
 def setup(start: bool = True) -> CourseConfig:
@@ -227,8 +306,6 @@ def setup(start: bool = True) -> CourseConfig:
     """
     import ray
     import torch
-
-    from helpers.cluster import cluster_capacity, plan_workers
 
     dotenv = load_dotenv_file()
     cfg = load_config()
@@ -248,29 +325,8 @@ def setup(start: bool = True) -> CourseConfig:
     else:
         seconds = start_ray(cfg)
         assert _target is not None, "start_ray() records where it started or joined Ray"
-        how = f"connected to {_target.address}" if _target.address else "started a local Ray"
-        if _target.named_by not in (None, "RAY_ADDRESS"):
-            how += f" (recorded by `ray start` in {_target.named_by})"
-        how += f" in {seconds:.1f} s"
-    joined = joined_address(cfg)
-    capacity = cluster_capacity()
-    plan = plan_workers(cfg, capacity=capacity)  # GPUs or CPUs, how many workers, and why
-    # From here on, cfg.ray_address is the cluster this kernel joined (None: a local Ray, also for RAY_ADDRESS=local).
-    cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers, ray_address=joined)
-    _print_rows({
-        "mode": _mode(cfg),
-        "device": "cuda (GPU)" if cfg.use_gpu else "cpu",
-        "data dir": str(cfg.data_dir),
-        "storage path": cfg.storage_path,
-        "workers": plan.describe(),
-        ".env": _dotenv(dotenv),
-        "Ray": f"{ray.__version__}, {how}",
-        "cluster": capacity.describe(),
-        "dashboard": f"http://{_dashboard_url}" if _dashboard_url else "not running",
-        "token auth": token_auth_state(joined=joined is not None),
-        "torch": torch.__version__,
-    })
-    return cfg
+        how = f"{_how()} in {seconds:.1f} s"
+    return _running(cfg, how, dotenv)
 
 
 def _put_this_python_first_on_path() -> None:
