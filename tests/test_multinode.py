@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -437,30 +436,17 @@ def test_the_best_checkpoint_loads_and_reproduces_its_accuracy(continued_search:
 FSDP_SCRIPT = "train_fsdp.py"
 
 
-def train_workers(cluster: LocalCluster) -> dict[str, str]:
-    """The node of every Ray Train worker the cluster has started, ended ones too, by actor id, from the dashboard's
-    state API: the way to see where a loop ran that reports no `node_id` (lesson 12's)."""
-    query = urllib.parse.urlencode({"limit": "10000", "filter_keys": "class_name", "filter_predicates": "=",
-                                    "filter_values": "RayTrainWorker"})
-    request = urllib.request.Request(f"{cluster.dashboard_url}/api/v0/actors?{query}",
-                                     headers={"Authorization": f"Bearer {cluster.token}"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return {actor["actor_id"]: actor["node_id"] for actor in json.load(response)["data"]["result"]["result"]}
-
-
 @pytest.fixture(scope="module")
-def fsdp_runs(cluster: LocalCluster, course_env: dict[str, str]) -> dict:
+def fsdp_runs(course_env: dict[str, str]) -> dict:
     """Lesson 12's script on both worker nodes for 2 epochs, then run again under its name for a third: each run's
-    output and its workers' nodes, and the run folder."""
+    output, and the run folder."""
     storage, name = Path(course_env["COURSE_STORAGE_PATH"]), "lesson12-fsdp"
     runs = {}
     for epochs in (2, 3):
-        before = train_workers(cluster)
         script = start_script(FSDP_SCRIPT, course_env, "--num-workers", "2", "--epochs", str(epochs), "--name", name)
         stdout, stderr = script.communicate(timeout=600)
         assert script.returncode == 0, stdout[-3000:] + stderr[-3000:]
-        runs[epochs] = {"stdout": stdout, "nodes": [node for actor, node in train_workers(cluster).items()
-                                                    if actor not in before]}
+        runs[epochs] = {"stdout": stdout}
     return {"folder": storage / name, "runs": runs}
 
 
@@ -471,8 +457,9 @@ def test_lesson_12_s_script_writes_every_rank_s_shard_from_both_worker_nodes(
     for checkpoint in checkpoints:  # each rank uploaded its own shard into the one folder
         assert {".metadata", "__0_0.distcp", "__1_0.distcp", "progress.json"} <= {
             path.name for path in checkpoint.iterdir()}, checkpoint
-    for epochs, run in fsdp_runs["runs"].items():
-        assert len(run["nodes"]) == 2 and set(run["nodes"]) == worker_node_ids, f"--epochs {epochs}: {run['nodes']}"
+    reports = read_history(str(fsdp_runs["folder"])).query("event == 'report'")
+    for epoch, nodes in zip(reports["epoch"], reports["worker_nodes"]):  # both runs' reports, from inside the loop
+        assert len(nodes) == 2 and set(nodes) == worker_node_ids, f"epoch {epoch}: {nodes}"
 
 
 def test_lesson_12_s_script_continues_by_name_from_its_sharded_checkpoint(fsdp_runs: dict) -> None:
@@ -483,7 +470,6 @@ def test_lesson_12_s_script_continues_by_name_from_its_sharded_checkpoint(fsdp_r
     assert reports["train_loss"].iloc[-1] < reports["train_loss"].iloc[0], "the third epoch started over"
 
 
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # load_unsharded: no group, as meant
 def test_the_sharded_checkpoint_gathered_whole_reproduces_the_run_s_accuracy(
         fsdp_runs: dict, course_env: dict[str, str]) -> None:
     # The loop's evaluate_shard counts every row of "valid" (the first 1000 test images in smoke mode), split across

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from ray.train import Checkpoint
 from torch import nn
@@ -24,6 +23,7 @@ from helpers.sharding import (
     load_unsharded,
     local_bytes,
     micro_batches,
+    one_process_group,
 )
 
 MODEL = {"width": 32, "depth": 2}
@@ -84,38 +84,24 @@ def test_memory_budget_on_cpu_raises_with_the_budget_in_the_message():
     assert generous.activations_bytes > 0
 
 
-@pytest.fixture
-def process_group():
-    """A process group of one rank in this process, as Ray Train's gloo group on a CPU worker; destroyed after."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # load_unsharded: no group, as meant
-def test_load_unsharded_reads_a_sharded_checkpoint_into_one_plain_model(process_group, tmp_path):
+def test_load_unsharded_reads_a_sharded_checkpoint_into_one_plain_model(tmp_path):
     torch.manual_seed(0)
-    model = ResidualMLP(**MODEL)
-    for block in model.blocks:  # as the loop does: each block, then the root
-        fully_shard(block)
-    fully_shard(model)
-    assert is_sharded(model) and all(hasattr(p, "to_local") for p in model.parameters())
-    initial = model.head.weight.full_tensor().clone()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    train_step(model, optimizer, MemoryMeter(model, optimizer), batch_size=8)  # weights and optimizer state moved
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp_path))
-    full = {name: tensor.full_tensor().clone() for name, tensor in model.state_dict().items()}
     images = torch.randn(4, 1, 28, 28)
-    with torch.no_grad():
-        expected = model(images)
-    dist.destroy_process_group()  # load_unsharded runs without one, as in a notebook after training
-    try:
-        loaded = load_unsharded(Checkpoint.from_directory(str(tmp_path)), MODEL)
-    finally:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # for the fixture to destroy
+    with one_process_group():  # one rank in this process, as Ray Train's gloo group on a CPU worker
+        model = ResidualMLP(**MODEL)
+        for block in model.blocks:  # as the loop does: each block, then the root
+            fully_shard(block)
+        fully_shard(model)
+        assert is_sharded(model) and all(hasattr(p, "to_local") for p in model.parameters())
+        initial = model.head.weight.full_tensor().clone()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        train_step(model, optimizer, MemoryMeter(model, optimizer), batch_size=8)  # weights and optimizer state moved
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp_path))
+        full = {name: tensor.full_tensor().clone() for name, tensor in model.state_dict().items()}
+        with torch.no_grad():
+            expected = model(images)
+    loaded = load_unsharded(Checkpoint.from_directory(str(tmp_path)), MODEL)  # no group, as after training
     assert not is_sharded(loaded) and not loaded.training
     assert sorted(loaded.state_dict()) == sorted(full)
     for name, tensor in loaded.state_dict().items():

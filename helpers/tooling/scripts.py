@@ -171,15 +171,13 @@ def requested_size_gb(args: argparse.Namespace) -> float:
 
 
 def print_result(result: Result) -> None:
-    """Print the run's final metrics, its checkpoint and the nodes its workers ran on (when its loop reports each
-    worker's `node_id`)."""
+    """Print the run's final metrics, its checkpoint and the nodes its workers ran on."""
     metrics = result.metrics
     shown = {"test_acc": ".4f", "test_loss": ".4f", "images_per_s": ".0f"}  # those the loop reports
     print(" ".join(f"{key}={metrics[key]:{spec}}" for key, spec in shown.items() if key in metrics))
     print(f"checkpoint: {uri(result.checkpoint.path, result.checkpoint.filesystem)}")  # s3://... on S3
-    last = read_history(result).iloc[-1]
-    if isinstance(nodes := last.get("worker_nodes"), list):  # one node id per rank, when the loop reports node_id
-        print(f"workers ran on {len(set(nodes))} node(s): {', '.join(node[:8] for node in nodes)}")
+    nodes = read_history(result).iloc[-1]["worker_nodes"]  # one node id per rank, from MetricsHistory
+    print(f"workers ran on {len(set(nodes))} node(s): {', '.join(node[:8] for node in nodes)}")
 
 
 #: The course's own errors: each says what to change, so a script prints it without a traceback.
