@@ -18,14 +18,16 @@ it lists:
                                           troubleshooting
     07_ray_jobs                           data, exercises, storage, tooling.local_cluster
     08_kuberay                            config, data, exercises, tooling.kuberay
-    09_capstone_cifar10_vit               capstone, cifar, cluster, display, exercises, ingest, plots, runs, storage,
-                                          training
+    09_capstone_cifar10_vit               capstone, cifar, cluster, config, display, exercises, fault_tolerance, ingest,
+                                          plots, results, runs, session, sizes, storage, training
     10_performance                        cifar, cluster, config, display, exercises, models, plots, profiling, rounds,
                                           runs, storage, streaming, tooling.bench
     11_hyperparameter_search              cluster, display, exercises, fault_tolerance, inference, ingest, plots, runs,
                                           storage, tuning
     12_fsdp                               display, exercises, fault_tolerance, ingest, results, runs, sharding, sizes,
                                           storage, training
+    train_capstone.py                     capstone, cifar, cluster, config, results, runs, session, storage,
+                                          tooling.scripts
     train_fsdp.py                         cluster, config, ingest, results, runs, session, sharding, sizes,
                                           tooling.scripts
     train_ray_ddp.py                      cluster, config, ddp, results, runs, session, sizes, tooling.scripts

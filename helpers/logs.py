@@ -7,6 +7,7 @@ and `worker_warning_filters` through the runtime env, `quiet_worker_loggers` in 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 from collections.abc import Iterator
@@ -28,6 +29,10 @@ RAY_INTERNAL_WARNINGS = ("ignore:`ExecutionOptions.exclude_resources` is depreca
 #: every profiler start and stop to stderr, and torch's CUDA build without a GPU adds "gpuGetDeviceCount failed";
 #: 6 is above its highest level (set 4 on a GPU to see Kineto's errors).
 WORKER_ENV_DEFAULTS = {"RAY_DATA_LOG_LEVEL": "WARNING", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "KINETO_LOG_LEVEL": "6"}
+
+
+#: The Jobs SDK's loggers (ray/dashboard/modules/), which log at INFO whatever the "ray" logger's level.
+JOB_SDK_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk")
 
 
 def worker_warning_filters() -> str:
@@ -78,6 +83,9 @@ def quiet_driver_logs() -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     logging.getLogger(ray_internals.RAY_DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)  # "Progress bars disabled"
     logging.getLogger("ray.data.dataset").addFilter(_drop_cpu_race_warning)
+    for name in JOB_SDK_LOGGERS:  # Ray sets them to INFO: "Uploading package ..." for every job this kernel submits
+        importlib.import_module(name)  # its import sets the level: set ours after it
+        logging.getLogger(name).setLevel(logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 

@@ -351,15 +351,21 @@ def _print_rows(rows: dict[str, str]) -> None:
     print("\n".join(f"{key:<{width}} : {value}" for key, value in rows.items()))
 
 
+def dashboard_url() -> str:
+    """The address of this session's Ray dashboard and of the Jobs API behind it, e.g. http://127.0.0.1:8265."""
+    if _dashboard_url is None:
+        raise RuntimeError("No Ray dashboard is known in this kernel: run setup() first (it starts one on 127.0.0.1, "
+                           "or finds the dashboard of the cluster it joins).")
+    return f"http://{_dashboard_url}"
+
+
 def dashboard_get(path: str, token: bool = True) -> tuple[int, Any]:
     """GET `path` from the Ray dashboard of this session: the HTTP status and the JSON body (None on an error).
 
     With `token=True` the request carries Ray's token, as the dashboard's login page does once you paste it.
     """
-    if _dashboard_url is None:
-        raise RuntimeError("No Ray dashboard is known in this kernel: run setup() first (it starts one on 127.0.0.1).")
     headers = ray_internals.auth_headers() if token else {}
-    request = urllib.request.Request(f"http://{_dashboard_url}{path}", headers=headers)
+    request = urllib.request.Request(f"{dashboard_url()}{path}", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read() or b"null")

@@ -13,6 +13,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "mnist_rows": None,
         #: CIFAR-10 rows per split (lesson 09, the capstone): all of them.
         "cifar_rows": None,
+        #: Lesson 09's own run and job (train_capstone.py): epochs, and the rows of each split a CPU-only cluster trains
+        #: and tests on, 3 epochs in minutes on 2 cores (with GPUs: all of them, `cifar_rows`).
+        "capstone_run": {"epochs": 3, "cpu_rows": {"train": 2000, "test": 1000}},
         #: The tutorial's ViT (lesson 09).
         "vit": {"num_layers": 12, "num_heads": 8, "hidden_dim": 384, "mlp_dim": 768},
         #: The rows of MNIST every Tune trial trains and validates on (lesson 11, tune_ray_ddp.py): a cut, so that a
@@ -35,6 +38,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "smoke": {
         "mnist_rows": {"train": 1920, "valid": 1000},  # 15 steps of 128 images, 1000 to validate
         "cifar_rows": {"train": 512, "test": 256},  # 4 steps of 128 images, 256 to test
+        "capstone_run": {"epochs": 3, "cpu_rows": {"train": 512, "test": 256}},
         "vit": {"num_layers": 2, "num_heads": 4, "hidden_dim": 64, "mlp_dim": 128},  # the same structure, small
         "search_rows": {"train": 512, "valid": 256},
         "search": {"num_samples": 4, "epochs": 3},

@@ -77,6 +77,20 @@ def evaluate_distributed(model: nn.Module, batches: Iterable, device: torch.devi
 
 
 @torch.no_grad()
+def same_weights_on_every_rank(model: nn.Module) -> bool:
+    """Whether every process of the group holds the same weights, DDP's promise after every step (True without a
+    group). Each rank sums its weights in float64; an all-reduce of that sum's minimum and of its maximum compares
+    them: DDP's ranks hold bit-identical weights, ranks that train apart drift after their first step."""
+    if not torch.distributed.is_initialized():
+        return True
+    total = torch.stack([parameter.detach().double().sum() for parameter in model.parameters()]).sum()
+    low, high = total.clone(), total.clone()
+    torch.distributed.all_reduce(low, op=torch.distributed.ReduceOp.MIN)
+    torch.distributed.all_reduce(high, op=torch.distributed.ReduceOp.MAX)
+    return bool(low == high)
+
+
+@torch.no_grad()
 def predict(model: nn.Module, images: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
     """Predicted class of each image in a batch."""
     model.eval()

@@ -432,8 +432,8 @@ def test_the_training_code_imports_only_what_the_image_installs():
     installed = image | {name for name, _ in closure}
     provided = importlib.metadata.packages_distributions()
     scripts = sorted((REPO_ROOT / "notebooks").glob("*.py"))
-    assert [p.name for p in scripts] == ["train_fsdp.py", "train_ray_ddp.py", "train_ray_ddp_with_ray_data.py",
-                                         "train_streaming.py", "tune_ray_ddp.py"]
+    assert [p.name for p in scripts] == ["train_capstone.py", "train_fsdp.py", "train_ray_ddp.py",
+                                         "train_ray_ddp_with_ray_data.py", "train_streaming.py", "tune_ray_ddp.py"]
     seen: set[Path] = set()
     modules = set().union(*(_third_party_imports(script, seen) for script in scripts))
     missing = {module: provided.get(module) for module in modules

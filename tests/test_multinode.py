@@ -7,7 +7,8 @@ One cluster serves the module. Drivers run as subprocesses that join it through 
 token (RAY_AUTH_TOKEN, without RAY_AUTH_MODE: the course's setup() must set that), as a learner's script or
 notebook would: lesson 02's and lesson 03's scripts with 1 and 2 workers, setup() itself (also with no RAY_ADDRESS,
 where `ray start` recorded the cluster), and lesson 11's search (its trials on both worker nodes, stopped with Ctrl-C
-and continued by name: tests/test_tuning.py tests the rest of it).
+and continued by name: tests/test_tuning.py tests the rest of it); lesson 12's script; and lesson 09's job, submitted
+through the Jobs API with its code as the runtime env.
 """
 
 from __future__ import annotations
@@ -490,3 +491,32 @@ def test_the_sharded_checkpoint_gathered_whole_reproduces_the_run_s_accuracy(
     with torch.no_grad():
         accuracy = evaluate(model, DataLoader(test_images, batch_size=500), "cpu")["accuracy"]
     assert accuracy == last["test_acc"], f"the gathered model gives {accuracy}, the run reported {last['test_acc']}"
+
+
+def test_lesson_09_s_job_trains_on_the_cluster_and_keeps_its_best_two_checkpoints_and_the_latest(
+        cluster: LocalCluster, course_env: dict[str, str]) -> None:
+    # Lesson 09 section 09 on a cluster: the job the learner submits, with the notebooks' folder as its working dir and
+    # helpers as a py_module, its settings in env_vars; its driver on the head, its workers and Ray Data on the nodes.
+    from ray.job_submission import JobSubmissionClient
+
+    from helpers.capstone import follow_job, kept_by_rule
+    from helpers.config import load_config
+
+    storage, name = Path(course_env["COURSE_STORAGE_PATH"]), "lesson09-job"
+    client = JobSubmissionClient(cluster.dashboard_url,
+                                 headers={"Authorization": f"Bearer {cluster.token_file.read_text()}"})
+    submission_id = client.submit_job(
+        entrypoint=f"python train_capstone.py --name {name} --epochs 3",
+        runtime_env={"working_dir": str(REPO_ROOT / "notebooks"), "py_modules": [str(REPO_ROOT / "helpers")],
+                     "env_vars": {"COURSE_STORAGE_PATH": str(storage), "COURSE_SMOKE_TEST": "1",
+                                  "COURSE_DATA_DIR": str(load_config().data_dir)}})  # CIFAR-10's offline subset
+    status = follow_job(client, submission_id, timeout_s=600)
+    logs = client.get_job_logs(submission_id)
+    assert status == "SUCCEEDED", logs[-3000:]
+    reports = read_history(str(storage / name)).query("event == 'report'")
+    assert list(reports["epoch"]) == [0, 1, 2] and reports["kept"].iloc[-1], "Ray Train keeps the latest checkpoint"
+    assert reports["kept"].sum() == len(list((storage / name).glob("checkpoint_*/train_state.pt"))) in (2, 3)
+    assert kept_by_rule(reports), "the best 2 by test accuracy, and the latest"
+    best = reports[reports["kept"]]["test_acc"].max()
+    assert re.search(rf"best checkpoint: epoch \d, test_acc={best:.4f}, {re.escape(str(storage / name))}/checkpoint_",
+                     logs), logs[-2000:]

@@ -154,8 +154,14 @@ def test_testing_metadata_holds_only_known_keys(path):
     assert not problems, "\n".join(problems)
 
 
-#: A check call of helpers.exercises: `check("2", ...)`, and whether it is strict.
-CHECK_CALL = re.compile(r"\bcheck(?:_step)?\(\s*[\"']([^\"']+)[\"']")  # an exercise's, or a capstone step's
+#: A check call of helpers.exercises: `check("2", ...)`; or of helpers.capstone: a step's `check_step("2", ...)`,
+#: and the lesson's run and job, `check_run(...)` and `check_job(...)`.
+CHECK_CALL = re.compile(r"\bcheck(?:_step)?\(\s*[\"']([^\"']+)[\"']|\bcheck_(run|job)\(")
+
+
+def _check_names(source: str) -> list[str]:
+    """The exercises, steps or capstone stages whose checks `source` calls."""
+    return [exercise or stage for exercise, stage in CHECK_CALL.findall(source)]
 
 
 def exercise_problems(cells: list[dict]) -> list[str]:
@@ -166,7 +172,7 @@ def exercise_problems(cells: list[dict]) -> list[str]:
     code_cells = [(index, cell) for index, cell in enumerate(cells) if cell["cell_type"] == "code"]
     for position, (index, cell) in enumerate(code_cells):
         source = _source(cell)
-        calls = CHECK_CALL.findall(source)
+        calls = _check_names(source)
         if "solution" not in cell.get("metadata", {}).get("tags", []):
             checked.update(calls)
             continue
@@ -207,3 +213,4 @@ def test_the_exercise_rule_finds_each_mistake():
     first_part = code("def helper(): return 1", solution=True)
     assert exercise_problems([learner, check, first_part, solution]) == []  # a solution in two cells
     assert "strict=True" in exercise_problems([learner, check, solution, first_part])[0]  # a part with no check after
+    assert _check_names('check_step("2", loop, config)\ncheck_run(scaling_config, run_config)') == ["2", "run"]

@@ -115,8 +115,8 @@ def test_positive_numbers_are_one_argparse_type_with_a_clear_error():
         parser.parse_args(["--n", "1.5"])  # argparse's own "invalid int value: '1.5'"
 
 
-@pytest.mark.parametrize("name", ["train_fsdp.py", "train_ray_ddp.py", "train_ray_ddp_with_ray_data.py",
-                                  "train_streaming.py", "tune_ray_ddp.py"])
+@pytest.mark.parametrize("name", ["train_capstone.py", "train_fsdp.py", "train_ray_ddp.py",
+                                  "train_ray_ddp_with_ray_data.py", "train_streaming.py", "tune_ray_ddp.py"])
 def test_parsing_a_scripts_flags_does_not_load_dotenv(name, tmp_path, monkeypatch):
     from helpers.tooling.scripts import parse_script_args
 

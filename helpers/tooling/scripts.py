@@ -149,6 +149,7 @@ def parse_streaming_args(description: str, argv: list[str] | None = None) -> arg
 SCRIPT_PARSERS: dict[str, Callable[[str, list[str] | None], argparse.Namespace]] = {
     "train_ray_ddp.py": parse_args,
     "train_ray_ddp_with_ray_data.py": functools.partial(parse_args, resumable=True),
+    "train_capstone.py": functools.partial(parse_args, resumable=True),
     "train_fsdp.py": parse_fsdp_args,
     "train_streaming.py": parse_streaming_args,
     "tune_ray_ddp.py": parse_tune_args,
