@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from helpers.cifar import CifarParquet, augment_batch, normalize_batch, read_split, vit_cifar10
-from helpers.exercises import check, expect_equal
+from helpers.exercises import check, expect_equal, holds
 from helpers.ingest import DTYPES, NUM_BLOCKS
 from helpers.runs import new_run_name
 from helpers.sizes import sized
@@ -339,7 +339,7 @@ def check_step(step: str, loop: Callable[[dict], None], config: dict,
         "rank 0's checkpoint holds the model: loaded, it reproduces the reported test_acc":
             lambda: abs(_checkpoint_accuracy(first, config["root"]) - metric("test_acc")) < 1e-6,
     }
-    if not all(_holds_quietly(test) for test in first_epoch.values()):  # the restart is checked once these hold
+    if not all(holds(test)[0] for test in first_epoch.values()):  # the restart is checked once these hold
         check(step, {**first_epoch, "started again, it goes on from its checkpoint (checked once the above hold)":
                      lambda: False}, strict, kind="Step")
         return
@@ -416,7 +416,7 @@ def check_run(scaling_config, run_config, loop: Callable[[dict], None], config: 
             raise outcome["error"]
         return outcome["result"]
 
-    if all(_holds_quietly(test) for test in expectations.values()):  # a run with configurations that hold only
+    if all(holds(test)[0] for test in expectations.values()):  # a run with configurations that hold only
         expectations.update({
             "a run with them survives a worker that fails in epoch 1, and ends at epoch 2":
                 lambda: expect_equal(brief_run().metrics["epoch"], 2) and _failed_once(read_history(brief_run())),
@@ -454,13 +454,6 @@ def _returns(preflight: Callable[..., None], *args) -> bool:
     """True once `preflight(*args)` returns; its error says what does not fit."""
     preflight(*args)
     return True
-
-
-def _holds_quietly(test: Callable[[], object]) -> bool:
-    try:
-        return bool(test())
-    except Exception:
-        return False
 
 
 def check_job(client, submission_id: str, storage_path: str, job_name: str, strict: bool = False,

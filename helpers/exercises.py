@@ -26,7 +26,7 @@ class ExerciseNotPassed(AssertionError):
     """A check run with `strict=True` found an expectation that does not hold."""
 
 
-def _holds(expectation: Callable[[], object]) -> tuple[bool, str]:
+def holds(expectation: Callable[[], object]) -> tuple[bool, str]:
     """Whether `expectation()` is true, and why not: an exception (an unfinished `...`, a missing name) counts as no."""
     try:
         return bool(expectation()), ""
@@ -42,7 +42,7 @@ def check(exercise: str, expectations: Mapping[str, Callable[[], object]], stric
     """
     if not expectations:
         raise ValueError("a check needs at least one expectation")
-    results = {what: _holds(test) for what, test in expectations.items()}
+    results = {what: holds(test) for what, test in expectations.items()}
     failed = [f"  - {what}{why}" for what, (held, why) in results.items() if not held]
     if failed:
         message = f"✗ {kind} {exercise}, not yet:\n" + "\n".join(failed)
