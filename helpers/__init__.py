@@ -12,7 +12,7 @@ it lists:
     02_ray_train_ddp                      cluster, data, exercises, models, plots, runs, training
     03_ray_data_ingest                    cluster, data, display, exercises, ingest, models, plots, runs, storage,
                                           tooling.bench, training
-    04_checkpoints_and_results            display, exercises, inference, ingest, models, plots, results, runs
+    04_checkpoints_and_results            display, exercises, inference, ingest, models, plots, results, runs, training
     05_fault_tolerance                    exercises, fault_tolerance, ingest, models, results, runs
     06_observability_and_troubleshooting  cluster, display, exercises, ingest, models, runs, session, storage,
                                           troubleshooting

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import random
+import time
 from collections.abc import Iterable
 
 import numpy as np
@@ -88,6 +89,19 @@ def same_weights_on_every_rank(model: nn.Module) -> bool:
     torch.distributed.all_reduce(low, op=torch.distributed.ReduceOp.MIN)
     torch.distributed.all_reduce(high, op=torch.distributed.ReduceOp.MAX)
     return bool(low == high)
+
+
+def train_for(model: nn.Module, optimizer: torch.optim.Optimizer, seconds: float, batch_size: int = 32) -> int:
+    """Train `model` on random MNIST-shaped batches until `seconds` have passed, and return the number of steps: the
+    work of an epoch, between two reports, without its data."""
+    deadline, steps = time.perf_counter() + seconds, 0
+    while time.perf_counter() < deadline:
+        images, labels = torch.randn(batch_size, 1, 28, 28), torch.randint(0, 10, (batch_size,))
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        steps += 1
+    return steps
 
 
 @torch.no_grad()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 import torch
@@ -13,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from helpers.inference import MNISTPredictor, load_model
 from helpers.models import resnet18_mnist
 from helpers.plots import confusion_matrix, predictions_grid, spread_bars, training_curves
-from helpers.training import evaluate, predict, seed_everything
+from helpers.training import evaluate, predict, seed_everything, train_for
 
 
 @pytest.mark.parametrize("batch", [1, 5])
@@ -99,3 +101,15 @@ def test_the_predictor_loads_a_checkpoint_once_and_labels_batches(tmp_path):
     assert batch["prediction"].tolist() == model(images).argmax(dim=1).tolist()
     assert list(batch) == ["image", "label", "prediction"]
     assert not load_model(checkpoint).training, "a loaded model is in eval mode"
+
+
+def test_train_for_trains_until_its_time_is_up_and_not_at_all_for_zero_seconds():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    assert train_for(model, optimizer, seconds=0.0) == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    started = time.perf_counter()
+    steps = train_for(model, optimizer, seconds=0.3)
+    assert time.perf_counter() - started >= 0.3 and steps >= 1
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "the steps changed the weights"
