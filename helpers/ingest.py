@@ -141,7 +141,7 @@ def mnist_datasets(parquet_root: str, max_rows: dict[str, int] | None = None, ma
     datasets = {}
     for name, split in (("train", "train"), ("valid", "test")):
         with in_file_order():  # [1] the same rows in the same blocks in every session
-            dataset = ray.data.read_parquet(storage.join(parquet_root, split))  # [2] parallel read tasks
+            dataset = ray.data.read_parquet(storage.join(parquet_root, split))  # [2] read tasks: how many, see stats()
         if max_rows and name in max_rows:
             dataset = dataset.limit(max_rows[name])
         dataset = dataset.map_batches(normalize_batch)  # [3] vectorised preprocessing, on the CPU pool

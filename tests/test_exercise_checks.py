@@ -55,6 +55,48 @@ def test_lesson_00_exercise_1_fails_on_results_taken_in_submission_order(capsys,
     assert [what.split(":")[0].split(" (")[0] for what in failed(results)] == wrong, results
 
 
+# ---- 02 · exercise 3: local mode hands over the loop's own exception, not Ray Train's TrainingFailedError ---------
+
+@pytest.mark.parametrize("caught,wrong", [
+    (KeyError("lr"), []),
+    (..., ["caught is an exception", "it is the loop's own exception, not Ray Train's TrainingFailedError",
+           "it names the missing key"]),  # the stub, unsolved
+    ("with workers", ["it is the loop's own exception, not Ray Train's TrainingFailedError"]),
+])
+def test_lesson_02_exercise_3_fails_on_the_stub_and_on_the_error_of_a_run_with_workers(capsys, caught, wrong):
+    from ray.train import TrainingFailedError, WorkerGroupError
+
+    if caught == "with workers":  # what fit() raises when the KeyError happens in a worker
+        caught = WorkerGroupError("Training failed: KeyError: 'lr'", {0: KeyError("lr")})
+    results = run_check_cell("02_ray_train_ddp.ipynb", "exercise_3",
+                             {"caught": caught, "TrainingFailedError": TrainingFailedError}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 04 · exercise 1: the latest checkpoint stays on disk, whatever its score ----------------------------------
+
+def kept_epochs_best_only(scores: list[float], num_to_keep: int) -> set[int]:
+    return set(sorted(range(len(scores)), key=lambda epoch: scores[epoch])[-num_to_keep:])  # forgets the latest
+
+
+def kept_epochs_with_latest(scores: list[float], num_to_keep: int) -> set[int]:
+    return kept_epochs_best_only(scores, num_to_keep) | {len(scores) - 1}
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    (kept_epochs_with_latest, []),
+    (kept_epochs_best_only, [
+        "kept_epochs([0.97, 0.99, 0.95, 0.98, 0.96], 2) is the set of epochs on disk after the run",
+        "kept_epochs([0.90, 0.95, 0.80], 2) is {0, 1, 2}: the two best and the latest"]),
+])
+def test_lesson_04_exercise_1_fails_when_the_latest_checkpoint_is_forgotten(capsys, answer, wrong):
+    # The lesson's run keeps epochs {1, 3, 4} of these scores (its recorded output): the best two and the latest.
+    results = run_check_cell("04_checkpoints_and_results.ipynb", "exercise_1",
+                             {"kept_epochs": answer, "scores": [0.97, 0.99, 0.95, 0.98, 0.96], "keep": 2,
+                              "scores_on_disk": {1, 3, 4}}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
 # ---- 07 · exercise 3: the token must not reach curl's arguments, where `ps` shows them ----------------------------
 
 @pytest.mark.parametrize("answer,token_seen", [

@@ -41,3 +41,71 @@ def test_lesson_00_exercise_3_says_not_yet_when_the_workers_start_outside_the_gr
     assert "GetTimeoutError" in failed(results)[0], results
     assert elapsed_s < 15, f"the check took {elapsed_s:.1f} s"
     assert placement_group_table(workers_pg)["state"] == "REMOVED", "the check cell removes the group"
+
+
+# ---- 01 · exercise 3: torch's thread count set from the task's CPUs, also in a reused worker ---------------------
+
+def torch_threads_unsolved() -> int:
+    import torch
+
+    return torch.get_num_threads()  # the stub: whatever the process's torch already had
+
+
+def torch_threads_solved() -> int:
+    import torch
+
+    torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources()["CPU"])))
+    return torch.get_num_threads()
+
+
+def test_lesson_01_exercise_3_fails_on_the_stub_whatever_the_node_s_size_and_passes_once_solved(course_ray, capsys):
+    """On a 1-CPU node the stub's fresh tasks happen to give 1 thread for 1 CPU: the first expectation can pass
+    unsolved there. The second runs the answer where torch already has more threads, and fails on any node. As in
+    the notebook, the solution then redefines `torch_threads` and calls the same check again: it must see the new
+    function (a remote function made once would keep the stub it was first pickled with)."""
+    import torch
+
+    from helpers.exercises import check
+
+    namespace = {"ray": ray, "torch": torch, "torch_threads": torch_threads_unsolved, "cpu_counts": [1],
+                 "threads_by_cpus": {1: 1}}  # what the learner's cell gives on a 1-CPU node, solved or not
+    results = run_check_cell("01_single_gpu_pytorch.ipynb", "exercise_3", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == [
+        "also in a worker an earlier, larger task left with more threads"], results
+    namespace["torch_threads"] = torch_threads_solved  # the solution cell's definition
+    check("3", namespace["exercise_3"], strict=True)  # raises ExerciseNotPassed if the stub is still used
+
+
+# ---- 03 · exercise 3: every shard of a streaming_split must ask before a pass starts: bounded, not a hang ---------
+
+@ray.remote
+def count_rows(shard) -> int:  # lesson 03's solution
+    return sum(len(batch["label"]) for batch in shard.iter_batches(batch_size=None))
+
+
+@pytest.mark.parametrize("mistake,wrong", [
+    (None, []),
+    ("a streaming_split per task", [
+        "each shard holds valid_rows // 3 rows (the remainder is dropped), counted within 30 s"]),
+])
+def test_lesson_03_exercise_3_says_not_yet_within_its_wait_when_a_shard_never_asks(course_ray, capsys, mistake,
+                                                                                   wrong):
+    """With a split per task, each task's shard waits for two others of its split that never ask, and `ray.get`
+    alone would wait forever: the check waits 30 s at most."""
+    valid = ray.data.from_items([{"label": i} for i in range(100)]).materialize()
+    if mistake:
+        count_refs = [count_rows.remote(valid.streaming_split(3, equal=True)[i]) for i in range(3)]
+    else:
+        count_refs = [count_rows.remote(shard) for shard in valid.streaming_split(3, equal=True)]
+    started = time.perf_counter()
+    try:
+        results = run_check_cell("03_ray_data_ingest.ipynb", "exercise_3",
+                                 {"ray": ray, "datasets": {"valid": valid}, "count_refs": count_refs}, capsys)
+    finally:
+        for ref in count_refs:
+            ray.cancel(ref, force=True)
+    elapsed_s = time.perf_counter() - started
+    assert [what.split(" (AssertionError")[0] for what in failed(results)] == wrong, results
+    if wrong:
+        assert "no counts within 30 s" in failed(results)[-1], results
+    assert elapsed_s < 40, f"the check took {elapsed_s:.1f} s"
