@@ -55,6 +55,9 @@ class CourseConfig:
     #: against kubectl's current context (COURSE_KUBERNETES=1).
     kuberay_dir: Path | None = None
     kubernetes: bool = False
+    #: In what `setup()` returns, the CPUs it planned for each worker (its `workers` line: COURSE_CPUS_PER_WORKER,
+    #: else the worker's share of the node that hosts it); None before. Lesson 02 types it into its ScalingConfig.
+    worker_cpus: float | None = None
 
     @property
     def mode(self) -> str:

@@ -57,13 +57,18 @@ def train_loop_per_worker(config: dict) -> dict:
             total_loss += loss.item() * len(labels)
             num_images += len(labels)
         epoch_s = time.time() - started_at
-        train_s, images_seen = train_s + epoch_s, images_seen + num_images * world_size
 
         plain_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model  # [9]
         test = evaluate(plain_model, test_loader, ray.train.torch.get_device(), config["max_test_batches"])  # [9] no DDP
-        metrics = {"epoch": epoch, "train_loss": total_loss / num_images, "test_loss": test["loss"],
+        # [10] report() keeps rank 0's metrics: first add up every worker's loss and images
+        sums = torch.tensor([total_loss, num_images], dtype=torch.float64, device=ray.train.torch.get_device())
+        if world_size > 1:
+            torch.distributed.all_reduce(sums)  # [10] every worker gets the sums over all workers
+        all_loss, all_images = sums.tolist()
+        train_s, images_seen = train_s + epoch_s, images_seen + all_images
+        metrics = {"epoch": epoch, "train_loss": all_loss / all_images, "test_loss": test["loss"],
                    "test_acc": test["accuracy"], "epoch_s": epoch_s,
-                   "images_per_s": num_images * world_size / epoch_s,  # [10] all workers' images
+                   "images_per_s": all_images / epoch_s,  # [10] both over all workers' images
                    "epoch_started_at": started_at,  # [10] when this epoch began
                    "node_id": ray.get_runtime_context().get_node_id()}  # [10] the node this worker runs on
         if rank == 0:  # [10] one progress line per epoch, from one worker

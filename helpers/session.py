@@ -281,7 +281,8 @@ def _running(cfg: CourseConfig, how: str, dotenv: Path | None | bool = False) ->
     capacity = cluster_capacity()
     plan = plan_workers(cfg, capacity=capacity)  # GPUs or CPUs, how many workers, and why
     # From here on, cfg.ray_address is the cluster this kernel joined (None: a local Ray, also for RAY_ADDRESS=local).
-    cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers, ray_address=joined)
+    cfg = replace(cfg, use_gpu=plan.use_gpu, num_workers=plan.num_workers, ray_address=joined,
+                  worker_cpus=plan.resources_per_worker["CPU"])
     full = dotenv is not False
     _print_rows({
         **({"mode": _mode(cfg)} if full else {}),

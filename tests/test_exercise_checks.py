@@ -55,6 +55,98 @@ def test_lesson_00_exercise_1_fails_on_results_taken_in_submission_order(capsys,
     assert [what.split(":")[0].split(" (")[0] for what in failed(results)] == wrong, results
 
 
+# ---- 01 · exercise 1: the same short run at another learning rate ----------------------------------------------
+
+SHORT_CONFIG = {"num_epochs": 1, "max_steps_per_epoch": 10, "max_test_batches": 2, "lr": 1e-3, "seed": 0}
+
+
+@pytest.mark.parametrize("slow_config,slow_acc,wrong", [
+    ({**SHORT_CONFIG, "lr": 1e-5}, 0.31, []),
+    ({**SHORT_CONFIG, "lr": 1e-4}, 0.62, ["slow_config is short_config with lr 1e-5"]),  # another learning rate
+    ({"lr": 1e-5}, 0.11, ["slow_config is short_config with lr 1e-5"]),  # the lr alone: the other settings lost
+    ({**SHORT_CONFIG, "lr": 1e-5}, 0.95, ["lr 1e-3 reaches the higher test accuracy"]),  # slow ran another config
+])
+def test_lesson_01_exercise_1_fails_on_another_learning_rate_or_config(capsys, slow_config, slow_acc, wrong):
+    results = run_check_cell("01_single_gpu_pytorch.ipynb", "exercise_1",
+                             {"short_config": SHORT_CONFIG, "slow_config": slow_config, "fast": {"test_acc": 0.80},
+                              "slow": {"test_acc": slow_acc}}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 01 · exercise 2: a resumable checkpoint holds the optimizer's state and the epoch, not only the weights -------
+
+def resumed(save_optimizer: bool, return_epoch: bool) -> dict[str, Any]:
+    """Two small models and Adam optimizers, as the exercise's cell has them: a, one step trained, saved and loaded
+    into a fresh b by an answer that keeps the optimizer's state or not, and returns the epoch or not."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model_a, model_b = nn.Linear(4, 2), nn.Linear(4, 2)
+    optimizer_a = torch.optim.Adam(model_a.parameters(), lr=1e-3)
+    optimizer_b = torch.optim.Adam(model_b.parameters(), lr=1e-3)
+    model_a(torch.randn(8, 4)).sum().backward()
+    optimizer_a.step()
+    state = {"model": model_a.state_dict(), "epoch": 1,
+             **({"optimizer": optimizer_a.state_dict()} if save_optimizer else {})}
+    model_b.load_state_dict(state["model"])
+    if "optimizer" in state:
+        optimizer_b.load_state_dict(state["optimizer"])
+    return {"torch": torch, "model_a": model_a, "model_b": model_b, "optimizer_a": optimizer_a,
+            "optimizer_b": optimizer_b, "resumed_epoch": state["epoch"] if return_epoch else None}
+
+
+@pytest.mark.parametrize("save_optimizer,return_epoch,wrong", [
+    (True, True, []),
+    (False, True, ["optimizer_b has optimizer_a's steps and moments"]),  # the weights alone: Adam starts over
+    (True, False, ["load_resumable returned the epoch, 1"]),  # loads both states, forgets to return the epoch
+])
+def test_lesson_01_exercise_2_fails_when_the_optimizer_or_the_epoch_is_not_resumed(capsys, save_optimizer,
+                                                                                    return_epoch, wrong):
+    results = run_check_cell("01_single_gpu_pytorch.ipynb", "exercise_2", resumed(save_optimizer, return_epoch),
+                             capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 02 · exercise 1: one worker's steps per epoch: its shard of the data, at its share of the global batch ------
+
+@pytest.mark.parametrize("answer,fails", [
+    ("math.ceil(math.ceil(60_000 / num_workers) / (global_batch_size // num_workers))", False),
+    ("math.ceil(60_000 / global_batch_size)", True),  # the global batch over the whole dataset: every worker's steps
+    ("math.ceil(60_000 / num_workers / global_batch_size)", True),  # the shard at the global batch size
+    ("60_000 // num_workers // (global_batch_size // num_workers)", True),  # drops the last, smaller batch
+])
+def test_lesson_02_exercise_1_fails_on_the_global_batch_or_a_dropped_last_batch(capsys, answer, fails):
+    import math
+
+    from torch.utils.data import DataLoader
+
+    namespace: dict[str, Any] = {"math": math, "DataLoader": DataLoader}
+    exec(f"def steps_per_epoch(num_workers, global_batch_size):\n    return {answer}\n", namespace)
+    results = run_check_cell("02_ray_train_ddp.ipynb", "exercise_1", namespace, capsys)
+    assert bool(failed(results)) == fails, results
+
+
+# ---- 02 · exercise 2: a round is kept when any rank attaches a checkpoint, with rank 0's metrics ----------------
+
+@pytest.mark.parametrize("metrics,rows,wrong", [
+    ({"step": 1, "rank": 0}, 1, []),
+    (None, 0, ["predicted_metrics is result.metrics",  # "only rank 0's checkpoints count"
+               "predicted_rows is the number of rows of result.metrics_dataframe"]),
+    ({"step": 1, "rank": 1}, 1, ["predicted_metrics is result.metrics"]),  # the rank with the checkpoint's metrics
+    ({"step": 2, "rank": 0}, 3, ["predicted_metrics is result.metrics",  # every round kept, the last one's metrics
+                                 "predicted_rows is the number of rows of result.metrics_dataframe"]),
+])
+def test_lesson_02_exercise_2_fails_on_rank_1_s_metrics_or_every_round_kept(capsys, metrics, rows, wrong):
+    import pandas as pd
+
+    # What the lesson's two-worker run gives (its recorded output): the second round, with rank 0's metrics.
+    kept = SimpleNamespace(metrics={"step": 1, "rank": 0}, metrics_dataframe=pd.DataFrame([{"step": 1, "rank": 0}]))
+    results = run_check_cell("02_ray_train_ddp.ipynb", "exercise_2",
+                             {"predicted_metrics": metrics, "predicted_rows": rows, "rank_1_result": kept}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
 # ---- 02 · exercise 3: local mode hands over the loop's own exception, not Ray Train's TrainingFailedError ---------
 
 @pytest.mark.parametrize("caught,wrong", [

@@ -86,12 +86,12 @@ def count_rows(shard) -> int:  # lesson 03's solution
 @pytest.mark.parametrize("mistake,wrong", [
     (None, []),
     ("a streaming_split per task", [
-        "each shard holds valid_rows // 3 rows (the remainder is dropped), counted within 30 s"]),
+        "each shard holds valid_rows // 3 rows (the remainder is dropped), counted within 15 s"]),
 ])
 def test_lesson_03_exercise_3_says_not_yet_within_its_wait_when_a_shard_never_asks(course_ray, capsys, mistake,
                                                                                    wrong):
     """With a split per task, each task's shard waits for two others of its split that never ask, and `ray.get`
-    alone would wait forever: the check waits 30 s at most."""
+    alone would wait forever: the check waits 15 s at most."""
     valid = ray.data.from_items([{"label": i} for i in range(100)]).materialize()
     if mistake:
         count_refs = [count_rows.remote(valid.streaming_split(3, equal=True)[i]) for i in range(3)]
@@ -107,5 +107,82 @@ def test_lesson_03_exercise_3_says_not_yet_within_its_wait_when_a_shard_never_as
     elapsed_s = time.perf_counter() - started
     assert [what.split(" (AssertionError")[0] for what in failed(results)] == wrong, results
     if wrong:
-        assert "no counts within 30 s" in failed(results)[-1], results
-    assert elapsed_s < 40, f"the check took {elapsed_s:.1f} s"
+        assert "no counts within 15 s" in failed(results)[-1], results
+    assert elapsed_s < 25, f"the check took {elapsed_s:.1f} s"
+
+
+# ---- 03 · exercises 1 and 2: a random flip per image, in Ray Data, applied anew on every pass ----------------------
+
+def flip_solved(batch):  # lesson 03's solution
+    import numpy as np
+
+    images = batch["image"]
+    flip = np.random.default_rng().random(len(images)) < 0.5
+    batch["image"] = np.where(flip[:, None, None, None], images[..., ::-1], images)
+    return batch
+
+
+def flip_every_image(batch):
+    batch["image"] = batch["image"][..., ::-1].copy()
+    return batch
+
+
+def flip_upside_down(batch):  # the wrong axis: rows, not columns
+    import numpy as np
+
+    images = batch["image"]
+    flip = np.random.default_rng().random(len(images)) < 0.5
+    batch["image"] = np.where(flip[:, None, None, None], images[..., ::-1, :], images)
+    return batch
+
+
+def flip_whole_batch(batch):  # one coin for the batch: all flipped or none
+    import numpy as np
+
+    if np.random.default_rng().random() < 0.5:
+        batch["image"] = batch["image"][..., ::-1].copy()
+    return batch
+
+
+@pytest.fixture(scope="module")
+def images_dataset(course_ray):
+    """300 random images of lesson 03's shape: no image is its own mirror image."""
+    import numpy as np
+
+    images = np.random.default_rng(0).random((300, 1, 28, 28), dtype=np.float32)
+    return ray.data.from_items([{"image": image, "label": i % 10} for i, image in enumerate(images)]).materialize()
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    (flip_solved, []),
+    (flip_every_image, ["some images are flipped, some are not"]),
+    (flip_upside_down, ["each image is itself or its mirror image"]),
+    (flip_whole_batch, ["some images are flipped, some are not"]),
+])
+def test_lesson_03_exercise_1_fails_on_a_flip_of_every_image_the_wrong_axis_or_one_coin_per_batch(
+        images_dataset, capsys, answer, wrong):
+    import numpy as np
+
+    results = run_check_cell("03_ray_data_ingest.ipynb", "exercise_1",
+                             {"np": np, "datasets": {"train": images_dataset}, "random_flip": answer}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+@pytest.mark.parametrize("mistake,wrong", [
+    (None, []),
+    ("augmented materialized", ["two passes over augmented flip different images"]),  # one set of flips, forever
+    ("frozen without the flip", ["frozen holds flipped images"]),  # the plain dataset, materialized
+])
+def test_lesson_03_exercise_2_fails_when_the_augmented_dataset_is_materialized(images_dataset, capsys, mistake, wrong):
+    import numpy as np
+
+    augmented = images_dataset.map_batches(flip_solved)
+    frozen = augmented.materialize()
+    if mistake == "augmented materialized":
+        augmented = frozen
+    elif mistake == "frozen without the flip":
+        frozen = images_dataset.materialize()
+    results = run_check_cell("03_ray_data_ingest.ipynb", "exercise_2",
+                             {"np": np, "datasets": {"train": images_dataset}, "augmented": augmented,
+                              "frozen": frozen}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results

@@ -39,6 +39,8 @@ def test_setup_starts_ray_prints_the_settings_and_survives_a_rerun(ray_setup, ca
     # How many workers it chose, and why: the plan that lessons 02-06 and the scripts use.
     plan = plan_workers(load_config())
     assert f"workers      : {plan.describe()}" in first and cfg.num_workers == plan.num_workers
+    # The CPUs each worker gets, for lesson 02's typed ScalingConfig; the override variable stays unset.
+    assert cfg.worker_cpus == plan.resources_per_worker["CPU"] and cfg.cpus_per_worker == load_config().cpus_per_worker
     assert f"cluster      : {ray.cluster_resources()['CPU']:g} CPUs" in first
     assert cfg.use_gpu in (True, False), "setup() resolves use_gpu='auto' against the cluster"
     assert cfg.use_gpu == (ray.cluster_resources().get("GPU", 0) > 0)
