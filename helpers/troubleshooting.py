@@ -53,6 +53,30 @@ def training_thread(stack: str) -> list[str]:
     return []
 
 
+def native_stack(dump: str, until: str) -> list[str]:
+    """The training thread of a `py-spy dump --native` (`dump`, colour codes and all), innermost frame first, up to
+    the frame of the function `until` (your loop): its Python frames, and torch's and the collective library's C++
+    frames (`c10d::`, `gloo::`, NCCL) with their argument and template lists cut off. The C library's, pybind11's and
+    torch's dispatcher frames between them are left out, as are repeats of one function."""
+    frames = training_thread(_ANSI_CODES.sub("", dump))
+    if not frames:
+        raise RuntimeError(f"no training thread in this dump: did py-spy read a RayTrainWorker whose loop still runs?\n"
+                           f"{dump[-2000:]}")
+    kept: list[str] = []
+    for frame in frames:
+        name, _, where = frame.rpartition(" (")
+        if ".py:" not in where:  # a native frame, "name (library.so)"
+            name = re.split(r"[(<]", name.replace("(anonymous namespace)::", ""), maxsplit=1)[0]
+            if not name.startswith(("c10d::", "gloo::")) and "nccl" not in name.lower():
+                continue
+        entry = f"{name} ({where}"
+        if not kept or kept[-1] != entry:
+            kept.append(entry)
+        if name == until:
+            break
+    return kept
+
+
 def run_workers(run_name: str) -> list[dict]:
     """The workers of the latest attempt of the Train run `run_name`, by rank, from the dashboard's Train API.
 
@@ -93,7 +117,7 @@ def wait_until_in(run_name: str, rank: int, function: str, timeout_s: float = 30
                            "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set (run_workers needs it)?") from None
 
 
-# --- Lab D: memory ---------------------------------------------------------------------------------------------
+# --- Lab E: memory ---------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def memory_limit(megabytes: int) -> Iterator[None]:
@@ -130,7 +154,7 @@ def process_memory_mb() -> float:
 def _status_bytes(field: str) -> int:
     """A size field of /proc/self/status (VmSize, VmRSS, ...), in bytes."""
     if not Path("/proc/self/status").exists():
-        raise RuntimeError("Lab D's memory measurements read /proc, which only Linux has: run it on Linux, "
+        raise RuntimeError("Lab E's memory measurements read /proc, which only Linux has: run it on Linux, "
                            "in WSL or in a Linux container")
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
@@ -138,7 +162,7 @@ def _status_bytes(field: str) -> int:
     raise KeyError(field)
 
 
-# --- Lab B: one change at a time -------------------------------------------------------------------------------
+# --- Lab C: one change at a time -------------------------------------------------------------------------------
 
 def compare_rounds(rounds: pd.DataFrame, baseline: str, value: str = "waiting share") -> pd.DataFrame:
     """Per condition: the median of `value` over rounds, its range, and the change from `baseline`, with a verdict.

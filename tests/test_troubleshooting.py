@@ -18,6 +18,7 @@ from helpers.troubleshooting import (
     compare_rounds,
     iterator_times,
     memory_limit,
+    native_stack,
     process_memory_mb,
     training_thread,
     worker_stack,
@@ -55,6 +56,57 @@ def test_training_thread_keeps_the_loop_thread_innermost_first():
     assert "report_on_rank_zero_only (3608596061.py:8)" in frames
     finished = HUNG_RANK.split("Thread 2631")[0]
     assert training_thread(finished) == [], "a rank whose loop returned has no training thread"
+
+
+#: `py-spy dump --native` of rank 0 of lesson 06's lab B (torch 2.14, gloo, TORCH_DISTRIBUTED_DEBUG=DETAIL): its loop
+#: waits in an all_reduce that rank 1 never calls. The other threads are cut short.
+NATIVE_DUMP = ("""Process 15245: ray::RayTrainWorker
+Thread 15245 (idle): "MainThread"
+    \x1b[32mepoll_wait (libc.so.6)\x1b[0m
+    Worker.main_loop (ray/_private/worker.py:1069)
+""" + """Thread 15391 (idle): "TrainingThread(train_fn_with_final_checkpoint_flush)"
+    0x7fb73baa3f16 (libc.so.6)
+    pthread_cond_timedwait (libc.so.6)
+    gloo::transport::tcp::UnboundBuffer::waitRecv (libtorch_cpu.so)
+    c10d::ProcessGroupGloo::RecvWork::wait (libtorch_cpu.so)
+    c10d::ProcessGroupGloo::monitoredBarrier(c10d::BarrierOptions const&, bool)::{lambda#1}::operator (libtorch_cpu.so)
+    c10d::ProcessGroupGloo::monitoredBarrier (libtorch_cpu.so)
+    c10d::ProcessGroupWrapper::runCollectiveChecks (libtorch_cpu.so)
+    c10d::ProcessGroupWrapper::allreduce (libtorch_cpu.so)
+    c10d::ops::(anonymous namespace)::allreduce_CPU (libtorch_cpu.so)
+    c10::impl::make_boxed_from_unboxed_functor<c10::impl::detail::Wrap<...> >::call (libtorch_cpu.so)
+    torch::autograd::VariableHooks::basic_autograd_not_implemented_fallback (libtorch_cpu.so)
+    c10d::ProcessGroup::allreduce (libtorch_cpu.so)
+    pybind11::detail::function_ref<c10::intrusive_ptr<c10d::Work>(c10d::ProcessGroup*)>::callback (libtorch_python.so)
+    pybind11::cpp_function::initialize<...>(...)::{lambda#1}::_FUN (libtorch_python.so)
+    pybind11::cpp_function::dispatcher (libtorch_python.so)
+    all_reduce (torch/distributed/distributed_c10d.py:3906)
+    _exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)
+    log_on_rank_zero (hang2.py:12)
+    construct_train_func.<locals>.train_fn (ray/train/v2/_internal/util.py:89)
+    RayTrainWorker.run_train_fn.<locals>.train_fn_with_final_checkpoint_flush (ray/train/v2/_internal/worker.py:152)
+    ThreadRunner.run.<locals>._run_target (ray/train/v2/_internal/execution/worker_group/thread_runner.py:37)
+    Thread.run (threading.py:982)
+    Thread._bootstrap_inner (threading.py:1045)
+    Thread._bootstrap (threading.py:1002)
+""")
+
+
+def test_native_stack_keeps_the_collective_s_cpp_frames_and_the_python_ones_up_to_the_loop():
+    assert native_stack(NATIVE_DUMP, until="log_on_rank_zero") == [
+        "gloo::transport::tcp::UnboundBuffer::waitRecv (libtorch_cpu.so)",
+        "c10d::ProcessGroupGloo::RecvWork::wait (libtorch_cpu.so)",
+        "c10d::ProcessGroupGloo::monitoredBarrier (libtorch_cpu.so)",
+        "c10d::ProcessGroupWrapper::runCollectiveChecks (libtorch_cpu.so)",
+        "c10d::ProcessGroupWrapper::allreduce (libtorch_cpu.so)",
+        "c10d::ops::allreduce_CPU (libtorch_cpu.so)",
+        "c10d::ProcessGroup::allreduce (libtorch_cpu.so)",
+        "all_reduce (torch/distributed/distributed_c10d.py:3906)",
+        "_exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)",
+        "log_on_rank_zero (hang2.py:12)",
+    ]
+    with pytest.raises(RuntimeError, match="no training thread in this dump"):  # py-spy's error, or a finished loop
+        native_stack(NATIVE_DUMP.split("Thread 15391")[0], until="log_on_rank_zero")
 
 
 #: How long a new Python process may take to start and say it is ready (well under 1 s on an idle machine).
