@@ -115,23 +115,27 @@ def test_a_cpu_worker_gets_no_loader_process(course_ray):
     assert [ray.get(workers_in_a_task.options(num_cpus=cpus).remote()) for cpus in (0.5, 1, 2)] == [0, 0, 0]
 
 
-def test_a_gpu_worker_gets_a_loader_process_per_cpu_ray_reserved_less_one(tmp_path):
-    # A Ray with two (logical) GPUs in a subprocess: Ray assigns GPUs it is told of, on any machine.
+def test_a_gpu_worker_gets_a_loader_process_per_cpu_ray_reserved_less_one_and_a_predictor_the_gpu_it_asked_for(
+        tmp_path):
+    # A Ray with two (logical) GPUs in a subprocess: Ray assigns GPUs it is told of, on any machine. Lesson 04's
+    # predictor actors take a GPU only with num_gpus: Ray leaves CUDA_VISIBLE_DEVICES alone for those that ask none.
     import subprocess
     import sys
 
     code = """
 import ray
+from helpers.inference import _has_a_gpu
 from helpers.training import loader_workers
 ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
 @ray.remote
 def workers():
     return loader_workers()
 print([ray.get(workers.options(num_cpus=cpus, num_gpus=1).remote()) for cpus in (0, 1, 2)])
+print([ray.get(ray.remote(_has_a_gpu).options(num_gpus=gpus).remote()) for gpus in (0, 1)])
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert out.stdout.strip().splitlines()[-1] == "[0, 0, 1]", out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-2:] == ["[0, 0, 1]", "[False, True]"], out.stderr[-2000:]
 
 
 def test_a_writable_storage_path_passes_and_keeps_no_probe(course_ray, tmp_path):
