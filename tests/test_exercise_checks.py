@@ -189,6 +189,69 @@ def test_lesson_04_exercise_1_fails_when_the_latest_checkpoint_is_forgotten(caps
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
 
+# ---- 06 · exercise 1: a rank is in report only when a frame *is* report, not one whose name contains it ----------
+
+LAB_A_RANK_0 = ["Worker.get_objects (ray/_private/worker.py:1007)", "report (ray/train/v2/api/train_fn_utils.py:125)",
+                "report_on_rank_zero_only (3608596061.py:8)"]  # lab A's rank 0, cut short
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    ('{rank for rank, frames in stacks.items() if any(frame.startswith("report (") for frame in frames)}', []),
+    ('{rank for rank, frames in stacks.items() if any("report" in frame for frame in frames)}',
+     ["a rank still in its own loop is not in report"]),  # report_on_rank_zero_only contains "report"
+    ('{rank for rank, frames in stacks.items() if frames}',  # any rank with a training thread
+     ["a rank still in its own loop is not in report", "a rank elsewhere in Ray Train is not in report"]),
+])
+def test_lesson_06_exercise_1_fails_on_a_frame_that_only_contains_report(capsys, answer, wrong):
+    namespace: dict[str, Any] = {"stacks": {0: LAB_A_RANK_0, 1: []}}
+    exec(f"def ranks_in_report(stacks):\n    return {answer}\n", namespace)
+    results = run_check_cell("06_observability_and_troubleshooting.ipynb", "exercise_1", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 06 · exercise 2: a validation loss that keeps no graph --------------------------------------------------------
+
+@pytest.mark.parametrize("answer,wrong", [
+    ("torch.no_grad()(lambda: sum(F.cross_entropy(model(x), y).item() for x, y in batches) / len(batches))()", []),
+    ("sum(F.cross_entropy(model(x), y).item() for x, y in batches) / len(batches)",  # .item() but a graph per batch
+     ["builds no graph: autograd saves no tensor"]),
+    ("float(sum(F.cross_entropy(model(x), y) for x, y in batches) / len(batches))",  # a tensor sum: all graphs kept
+     ["builds no graph: autograd saves no tensor"]),
+])
+@pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True:UserWarning")  # the tensor-sum mistake
+def test_lesson_06_exercise_2_fails_when_the_validation_builds_a_graph(capsys, answer, wrong):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()  # any model: the check counts saved tensors
+    namespace: dict[str, Any] = {"torch": torch, "F": F, "model": model}
+    exec(f"def mean_validation_loss(model, batches):\n    return {answer}\n", namespace)
+    results = run_check_cell("06_observability_and_troubleshooting.ipynb", "exercise_2", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 06 · exercise 3: the timeout must cover the gap between ranks at one report, not an epoch -------------------
+
+@pytest.mark.parametrize("answer,wrong", [
+    ("max(max(times) - min(times) for times in zip(*arrivals.values()))", []),
+    ("max(max(times) for times in arrivals.values()) - min(min(times) for times in arrivals.values())",  # whole run
+     ["equal work: the spread of one report", "the longest epoch does not matter, the gap does",
+      "three ranks, one slow at the second report"]),
+    ("max(times[-1] - times[0] for times in arrivals.values())",  # the longest stretch of one rank: an epoch
+     ["equal work: the spread of one report", "the longest epoch does not matter, the gap does",
+      "three ranks, one slow at the second report"]),
+    ("max(times[0] for times in arrivals.values()) - min(times[0] for times in arrivals.values())",  # first report only
+     ["the longest epoch does not matter, the gap does", "three ranks, one slow at the second report"]),
+])
+def test_lesson_06_exercise_3_fails_on_an_epoch_or_the_first_report_alone(capsys, answer, wrong):
+    namespace: dict[str, Any] = {}
+    exec(f"def shortest_safe_timeout(arrivals):\n    return {answer}\n", namespace)
+    results = run_check_cell("06_observability_and_troubleshooting.ipynb", "exercise_3", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
 # ---- 07 · exercise 3: the token must not reach curl's arguments, where `ps` shows them ----------------------------
 
 @pytest.mark.parametrize("answer,token_seen", [
