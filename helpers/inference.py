@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import ray
 import torch
 from ray.train import Checkpoint
 
 from helpers.models import resnet18_mnist
+from helpers.training import has_a_gpu
 
 
 def load_model(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> torch.nn.Module:
@@ -32,7 +32,7 @@ class MNISTPredictor:
     """
 
     def __init__(self, checkpoint: Checkpoint):
-        self.device = torch.device("cuda" if _has_a_gpu() else "cpu")  # the GPU Ray gave this actor, if any
+        self.device = torch.device("cuda" if has_a_gpu() else "cpu")  # the GPU Ray gave this actor, if any
         self.model = load_model(checkpoint, self.device)
 
     @torch.no_grad()
@@ -41,11 +41,3 @@ class MNISTPredictor:
         batch["prediction"] = self.model(images).argmax(dim=1).cpu().numpy()
         return batch
 
-
-def _has_a_gpu() -> bool:
-    """In a Ray task or actor, whether Ray gave it a GPU (`num_gpus`): one that asked for none still sees the node's
-    GPUs, and `torch.cuda.is_available()` would put it on a GPU it did not reserve. Elsewhere (this notebook's own
-    process), whether torch sees one."""
-    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
-        return bool(ray.get_gpu_ids())
-    return torch.cuda.is_available()

@@ -23,10 +23,26 @@ def loader_workers() -> int:
     """
     import ray
 
-    if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
+    if not _in_ray_worker():
         return 0
     assigned = ray.get_runtime_context().get_assigned_resources()
     return max(0, int(assigned.get("CPU", 0.0)) - 1) if assigned.get("GPU", 0.0) > 0 else 0
+
+
+def has_a_gpu() -> bool:
+    """In a Ray task or actor, whether Ray gave it a GPU (`num_gpus`): one that asked for none still sees the node's
+    GPUs, and `torch.cuda.is_available()` would put it on a GPU it did not reserve. Elsewhere (this notebook's own
+    process), whether torch sees one."""
+    import ray
+
+    return bool(ray.get_gpu_ids()) if _in_ray_worker() else torch.cuda.is_available()
+
+
+def _in_ray_worker() -> bool:
+    """Whether this process is a Ray task's or actor's worker (not a driver, and Ray is running)."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
 
 
 def seed_everything(seed: int) -> None:

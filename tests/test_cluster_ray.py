@@ -124,14 +124,14 @@ def test_a_gpu_worker_gets_a_loader_process_per_cpu_ray_reserved_less_one_and_a_
 
     code = """
 import ray
-from helpers.inference import _has_a_gpu
+from helpers.training import has_a_gpu
 from helpers.training import loader_workers
 ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
 @ray.remote
 def workers():
     return loader_workers()
 print([ray.get(workers.options(num_cpus=cpus, num_gpus=1).remote()) for cpus in (0, 1, 2)])
-print([ray.get(ray.remote(_has_a_gpu).options(num_gpus=gpus).remote()) for gpus in (0, 1)])
+print([ray.get(ray.remote(has_a_gpu).options(num_gpus=gpus).remote()) for gpus in (0, 1)])
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
