@@ -34,6 +34,11 @@ def run_check_cell(notebook: str, defines: str, answer: dict[str, Any], capsys) 
     return {line: False for line in expectations}  # a "not yet" lists only what does not hold
 
 
+def define(namespace: dict[str, Any], signature: str, answer: str) -> None:
+    """Define the learner's one-line answer, `def <signature>: return <answer>`, in `namespace`."""
+    exec(f"def {signature}:\n    return {answer}\n", namespace)
+
+
 def failed(results: dict[str, bool]) -> list[str]:
     return [what for what, held in results.items() if not held]
 
@@ -122,7 +127,7 @@ def test_lesson_02_exercise_1_fails_on_the_global_batch_or_a_dropped_last_batch(
     from torch.utils.data import DataLoader
 
     namespace: dict[str, Any] = {"math": math, "DataLoader": DataLoader}
-    exec(f"def steps_per_epoch(num_workers, global_batch_size):\n    return {answer}\n", namespace)
+    define(namespace, "steps_per_epoch(num_workers, global_batch_size)", answer)
     results = run_check_cell("02_ray_train_ddp.ipynb", "exercise_1", namespace, capsys)
     assert bool(failed(results)) == fails, results
 
@@ -204,7 +209,7 @@ LAB_A_RANK_0 = ["Worker.get_objects (ray/_private/worker.py:1007)", "report (ray
 ])
 def test_lesson_06_exercise_1_fails_on_a_frame_that_only_contains_report(capsys, answer, wrong):
     namespace: dict[str, Any] = {"stacks": {0: LAB_A_RANK_0, 1: []}}
-    exec(f"def ranks_in_report(stacks):\n    return {answer}\n", namespace)
+    define(namespace, "ranks_in_report(stacks)", answer)
     results = run_check_cell("06_observability_and_troubleshooting.ipynb", "exercise_1", namespace, capsys)
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
@@ -227,7 +232,7 @@ def test_lesson_06_exercise_2_fails_when_the_validation_builds_a_graph(capsys, a
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()  # any model: the check counts saved tensors
     namespace: dict[str, Any] = {"torch": torch, "F": F, "model": model}
-    exec(f"def mean_validation_loss(model, batches):\n    return {answer}\n", namespace)
+    define(namespace, "mean_validation_loss(model, batches)", answer)
     results = run_check_cell("06_observability_and_troubleshooting.ipynb", "exercise_2", namespace, capsys)
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
@@ -247,7 +252,7 @@ def test_lesson_06_exercise_2_fails_when_the_validation_builds_a_graph(capsys, a
 ])
 def test_lesson_06_exercise_3_fails_on_an_epoch_or_the_first_report_alone(capsys, answer, wrong):
     namespace: dict[str, Any] = {}
-    exec(f"def shortest_safe_timeout(arrivals):\n    return {answer}\n", namespace)
+    define(namespace, "shortest_safe_timeout(arrivals)", answer)
     results = run_check_cell("06_observability_and_troubleshooting.ipynb", "exercise_3", namespace, capsys)
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
@@ -266,7 +271,7 @@ def test_lesson_07_exercise_3_fails_when_the_token_reaches_curls_command_line(tm
     token_file.write_text("0123456789abcdef\n")
     namespace: dict[str, Any] = {"Path": Path, "cluster": SimpleNamespace(token_file=token_file),
                                  "api": "http://127.0.0.1:9/api/jobs/"}  # nothing listens there: not asserted
-    exec(f"def curl_command(api_url, header_file):\n    return {answer}\n", namespace)
+    define(namespace, "curl_command(api_url, header_file)", answer)
     results = run_check_cell("07_ray_jobs.ipynb", "exercise_3", namespace, capsys)
     shutil.rmtree(namespace["header_file"].parent)  # the cell made it, as in the lesson
     token_check = [what for what in failed(results) if what.startswith("the token is not in curl's arguments")]
@@ -304,8 +309,7 @@ def test_lesson_11_exercise_1_fails_on_the_cluster_total(capsys, answer, passes)
 ])
 def test_lesson_12_exercise_1_fails_when_micro_batches_are_ignored(capsys, answer, wrong):
     namespace: dict[str, Any] = {}
-    exec(f"def batch_size_per_worker(global_batch_size, num_workers, accumulation_steps):\n    return {answer}\n",
-         namespace)
+    define(namespace, "batch_size_per_worker(global_batch_size, num_workers, accumulation_steps)", answer)
     results = run_check_cell("12_fsdp.ipynb", "exercise_1", namespace, capsys)
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
