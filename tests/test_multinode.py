@@ -439,11 +439,11 @@ FSDP_SCRIPT = "train_fsdp.py"
 
 @pytest.fixture(scope="module")
 def fsdp_runs(course_env: dict[str, str]) -> dict:
-    """Lesson 12's script on both worker nodes for 2 epochs, then run again under its name for a third: each run's
+    """Lesson 12's script on both worker nodes for 1 epoch, then run again under its name for a second: each run's
     output, and the run folder."""
     storage, name = Path(course_env["COURSE_STORAGE_PATH"]), "lesson12-fsdp"
     runs = {}
-    for epochs in (2, 3):
+    for epochs in (1, 2):
         script = start_script(FSDP_SCRIPT, course_env, "--num-workers", "2", "--epochs", str(epochs), "--name", name)
         stdout, stderr = script.communicate(timeout=600)
         assert script.returncode == 0, stdout[-3000:] + stderr[-3000:]
@@ -454,7 +454,7 @@ def fsdp_runs(course_env: dict[str, str]) -> dict:
 def test_lesson_12_s_script_writes_every_rank_s_shard_from_both_worker_nodes(
         fsdp_runs: dict, worker_node_ids: set[str]) -> None:
     checkpoints = sorted(path for path in fsdp_runs["folder"].glob("checkpoint_*") if path.is_dir())
-    assert len(checkpoints) == 3, "one checkpoint per epoch, the continued run's too"
+    assert len(checkpoints) == 2, "one checkpoint per epoch, the continued run's too"
     for checkpoint in checkpoints:  # each rank uploaded its own shard into the one folder
         assert {".metadata", "__0_0.distcp", "__1_0.distcp", "progress.json"} <= {
             path.name for path in checkpoint.iterdir()}, checkpoint
@@ -466,9 +466,9 @@ def test_lesson_12_s_script_writes_every_rank_s_shard_from_both_worker_nodes(
 def test_lesson_12_s_script_continues_by_name_from_its_sharded_checkpoint(fsdp_runs: dict) -> None:
     history = read_history(str(fsdp_runs["folder"]))
     reports = history[history["event"] == "report"]
-    assert list(reports["epoch"]) == [0, 1, 2] and list(reports["start_epoch"]) == [0, 0, 2]
-    assert "epoch 2 (this run started at epoch 2)" in fsdp_runs["runs"][3]["stdout"]
-    assert reports["train_loss"].iloc[-1] < reports["train_loss"].iloc[0], "the third epoch started over"
+    assert list(reports["epoch"]) == [0, 1] and list(reports["start_epoch"]) == [0, 1]
+    assert "epoch 1 (this run started at epoch 1)" in fsdp_runs["runs"][2]["stdout"]
+    assert reports["train_loss"].iloc[-1] < reports["train_loss"].iloc[0], "the second epoch started over"
 
 
 def test_the_sharded_checkpoint_gathered_whole_reproduces_the_run_s_accuracy(
@@ -490,7 +490,9 @@ def test_the_sharded_checkpoint_gathered_whole_reproduces_the_run_s_accuracy(
     test_images = Subset(load_mnist(course_env["COURSE_DATA_DIR"], train=False), range(SMOKE_ROWS["valid"]))
     with torch.no_grad():
         accuracy = evaluate(model, DataLoader(test_images, batch_size=500), "cpu")["accuracy"]
-    assert accuracy == last["test_acc"], f"the gathered model gives {accuracy}, the run reported {last['test_acc']}"
+    # One image more or less right is 1e-3; the run's all-reduced sum may differ from this count in the last bits.
+    assert accuracy == pytest.approx(last["test_acc"], abs=1e-9), \
+        f"the gathered model gives {accuracy}, the run reported {last['test_acc']}"
 
 
 def test_lesson_09_s_job_trains_on_the_cluster_and_keeps_its_best_two_checkpoints_and_the_latest(
