@@ -200,12 +200,17 @@ def kill_worker_process() -> dict:
     worker = workers[-1]
     if worker.pid is None or worker.node_id is None:  # an ALIVE actor has both
         raise RuntimeError(f"the Ray Train worker {worker.actor_id} has no process or node yet")
-    if worker.node_id == ray.get_runtime_context().get_node_id():
-        os.kill(worker.pid, signal.SIGKILL)  # on this machine: at once
-    else:
-        strategy = NodeAffinitySchedulingStrategy(node_id=worker.node_id, soft=False)
-        ray.get(_send_sigkill.options(scheduling_strategy=strategy).remote(worker.pid))
+    sigkill_on_its_node(worker.pid, worker.node_id)
     return {"pid": worker.pid, "node_id": worker.node_id}
+
+
+def sigkill_on_its_node(pid: int, node_id: str) -> None:
+    """SIGKILL process `pid` of node `node_id`: at once on this machine, else by a task placed on that node."""
+    if node_id == ray.get_runtime_context().get_node_id():
+        os.kill(pid, signal.SIGKILL)
+    else:
+        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        ray.get(_send_sigkill.options(scheduling_strategy=strategy).remote(pid))
 
 
 def kill_worker_when_checkpointed(run_path: str | Path, epoch: int, timeout_s: float = 3600) -> threading.Event:

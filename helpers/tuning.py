@@ -8,6 +8,7 @@
 - `ResultOrder` stamps every result with the moment Tune's scheduler saw it, so that `asha_decisions` can replay
   ASHA's rule and say why each trial stopped where it did.
 - `InterruptMidSearch` stops a search as Ctrl-C or JupyterLab's interrupt button would, mid-search.
+- `KillTrialDriver` kills a trial's driver process mid-run, as a lost node would, for Tune's `FailureConfig`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import ray.tune
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
+from ray.util.state import list_actors
 
 from helpers import storage
 from helpers.cluster import (
@@ -44,7 +46,7 @@ from helpers.cluster import (
     worker_slots,
 )
 from helpers.config import CourseConfig
-from helpers.fault_tolerance import train_loop_per_worker
+from helpers.fault_tolerance import sigkill_on_its_node, train_loop_per_worker
 from helpers.logs import logger_level
 from helpers.sizes import SIZES
 from helpers.tooling import ray_internals
@@ -156,7 +158,14 @@ def check_search_resources(scaling_config: ScalingConfig, max_concurrent_trials:
         f"and the cluster holds {slots} such worker(s): the workers of only {fit} trial(s) fit at once. The other "
         f"trials would start and wait for theirs, Ray Train logging WorkerGroupStartupTimeoutError every "
         f"{os.environ.get(WORKER_GROUP_START_TIMEOUT_VAR, '60')} s until a trial ends.\n"
-        f"To fix it: {f'--max-concurrent-trials {fit}' if flags else f'TuneConfig(max_concurrent_trials={fit})'}.")
+        f"To fix it: {f'--max-concurrent-trials {fit}' if flags else _limit_trials(fit)}.")
+
+
+def _limit_trials(trials: int) -> str:
+    """Where a notebook's search sets how many trials run at once (Ray 2.60, ray/tune/tune.py: beside a search_alg
+    that is no Searcher, TuneConfig's max_concurrent_trials is ignored with a warning)."""
+    return (f"at most {trials} trial(s) at once: max_concurrent={trials} on your BasicVariantGenerator, or "
+            f"TuneConfig(max_concurrent_trials={trials}) without a search_alg")
 
 
 # --- The order in which Tune's scheduler saw the results -----------------------------------------------------------
@@ -340,6 +349,32 @@ def search_state(experiment_path: str) -> pd.DataFrame:
     rows = {trial: {"status": status, "results": progress.get(trial, {}).get("results", 0)}
             for trial, status in trial_statuses(experiment_path).items()}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("trial_id").sort_index()
+
+
+class KillTrialDriver(ray.tune.Callback):
+    """SIGKILLs the process of a trial's driver once Tune has the trial's result of `epoch` (which came with its
+    checkpoint), as the loss of the driver's node would: its Ray Train run, whose controller and workers the driver
+    owns, dies with it. Kills once; the copy Tune saves with the search never does. `killed` says whose process."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self._epoch, self._armed = epoch, True
+        self.killed: dict | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_armed": False}
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if not (self._armed and result.get("epoch") == self._epoch):
+            return
+        self._armed = False
+        actor_id = ray_internals.tune_trial_actor_id(trial)
+        if actor_id is None:  # Tune hands a result over only from a running trial, which has its actor
+            raise RuntimeError(f"trial {trial.trial_id} has no actor")
+        (driver,) = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("actor_id", "=", actor_id)])
+        if driver.pid is None or driver.node_id is None:  # an actor that reported a result has both
+            raise RuntimeError(f"the driver of trial {trial.trial_id} has no process or node")
+        sigkill_on_its_node(driver.pid, driver.node_id)
+        self.killed = {"trial_id": trial.trial_id, "pid": driver.pid, "epoch": self._epoch}
 
 
 class InterruptMidSearch(ray.tune.Callback):

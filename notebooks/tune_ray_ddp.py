@@ -4,8 +4,9 @@
     python notebooks/tune_ray_ddp.py --name my-search   # again after Ctrl-C: continues my-search
 
 Every trial is a whole Ray Train run (`helpers.tuning.train_driver`, lesson 05's resumable loop on `--num-workers`
-workers), ASHA stops the weak ones early, and `--max-concurrent-trials` trials train at once. Defaults come from the
-course configuration (environment and .env, see .env.example); flags win. A search started again under its `--name`
+workers), ASHA stops the weak ones early, and `--max-concurrent-trials` trials train at once. A trial whose driver
+dies is started again once; its run continues from its latest checkpoint. Defaults come from the course
+configuration (environment and .env, see .env.example); flags win. A search started again under its `--name`
 continues from its storage path: finished trials are kept, the others go on from their latest checkpoint.
 """
 
@@ -17,6 +18,7 @@ import ray.tune as tune
 from ray.train import ScalingConfig
 from ray.tune import ResultGrid, TuneConfig, Tuner
 from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import BasicVariantGenerator
 
 from helpers import storage
 from helpers.cluster import check_storage_path
@@ -64,10 +66,13 @@ def main(argv: list[str] | None = None) -> ResultGrid:
                          "num_epochs": args.epochs, "seed": 0, "prefetch_batches": 1,
                          "shuffle_buffer": SHUFFLE_BUFFER_ROWS},
             tune_config=TuneConfig(metric="test_acc", mode="max", num_samples=args.num_samples,
-                                   max_concurrent_trials=plan.max_concurrent_trials,
+                                   search_alg=BasicVariantGenerator(  # lesson 05's configuration first, seeded
+                                       points_to_evaluate=[{"lr": 1e-3, "global_batch_size": 128}], random_state=0,
+                                       max_concurrent=plan.max_concurrent_trials),  # the limit goes on the search_alg
                                    scheduler=ASHAScheduler(time_attr="epoch", grace_period=1, reduction_factor=2,
                                                            max_t=args.epochs - 1)),
-            run_config=tune.RunConfig(storage_path=storage_path, name=name, callbacks=[ResultOrder()]),
+            run_config=tune.RunConfig(storage_path=storage_path, name=name, callbacks=[ResultOrder()],
+                                      failure_config=tune.FailureConfig(max_failures=1)),  # a trial whose driver died
         )
     results = tuner.fit()
     if not print_search(results, path):

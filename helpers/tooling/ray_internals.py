@@ -263,6 +263,14 @@ def tune_trial_statuses(experiment_state: dict[str, Any]) -> dict[str, str]:
     return statuses
 
 
+def tune_trial_actor_id(trial: Any) -> str | None:
+    """The id (hex) of the actor that runs a Tune trial's function, its driver; None while it has none."""
+    # no public API: a Callback gets the Trial, whose actor handle is in its temporary state, and the state API
+    # (ray.util.state) finds an actor by its id only
+    actor = trial.temporary_state.ray_actor
+    return None if actor is None else actor._actor_id.hex()
+
+
 # --- Ray Train -------------------------------------------------------------------------------------------------
 
 # no public API: Ray Train's PlacementGroupCleaner logs from its private module's logger, outside the loggers that
