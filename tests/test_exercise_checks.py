@@ -4,15 +4,26 @@ values the learner's cell would leave behind."""
 
 from __future__ import annotations
 
+import copy
+import os
+import secrets
 import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import nbformat
 import pytest
 
 from helpers.exercises import check, expect_equal
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -43,6 +54,14 @@ def failed(results: dict[str, bool]) -> list[str]:
     return [what for what, held in results.items() if not held]
 
 
+def lesson_cell(notebook: str, marker: str) -> str:
+    """The one code cell of `notebook` whose source has `marker` (`def wait_for_job(`), as the learner runs it."""
+    cells = [cell.source for cell in nbformat.read(NOTEBOOKS / notebook, as_version=4).cells
+             if cell.cell_type == "code" and marker in cell.source]
+    assert len(cells) == 1, f"{notebook}: {len(cells)} cells have {marker}"
+    return cells[0]
+
+
 # ---- 00 · exercise 1: results one at a time, as they finish (ray.wait), not in submission order (ray.get) ---------
 
 NAPS_BY_GET = [3.0] + [0.25] * 7  # ray.get(refs): the submission order
@@ -58,6 +77,22 @@ def test_lesson_00_exercise_1_fails_on_results_taken_in_submission_order(capsys,
     results = run_check_cell("00_ray_core.ipynb", "exercise_1",
                              {"as_finished": as_finished, "elapsed_s": elapsed_s, "num_cpus": 2}, capsys)
     assert [what.split(":")[0].split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 00 · exercise 2: all three tasks submitted first, then a ray.get per task, each in its own try -----------------
+
+@pytest.mark.parametrize("roots,elapsed_s,wrong", [
+    ([2.0, None, 3.0], 1.05, []),
+    (None, 1.05, ["roots is [2.0, None, 3.0]"]),  # try: roots = ray.get(refs): the ValueError loses 2.0 and 3.0
+    ([2.0, None], 1.05, ["roots is [2.0, None, 3.0]"]),  # one try around the loop of ray.get: it stops at -1
+    ([2.0, None, 3.0], 2.05, ["the two roots were computed"]),  # ray.get(checked_sqrt.remote(x)) per x
+    ([2.0, None, 3.0], 0.01, ["the two roots were computed"]),  # roots = [2.0, None, 3.0], typed: nothing ran
+])
+def test_lesson_00_exercise_2_fails_on_one_get_for_all_or_tasks_run_one_by_one(capsys, roots, elapsed_s, wrong):
+    """Each root takes 1 s and -1 raises at once: on 2 CPUs the solution takes 1 s, a submit-then-get loop 2 s."""
+    results = run_check_cell("00_ray_core.ipynb", "exercise_2",
+                             {"roots": roots, "elapsed_s": elapsed_s, "num_cpus": 2}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
 
 # ---- 01 · exercise 1: the same short run at another learning rate ----------------------------------------------
@@ -194,6 +229,291 @@ def test_lesson_04_exercise_1_fails_when_the_latest_checkpoint_is_forgotten(caps
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
 
+# ---- 04 · exercise 2: the lowest test_loss among the checkpoints on disk, from the run folder alone ---------------
+
+#: Lesson 04's recorded runs, as their folders hold them: each report's checkpoint folder and metrics, and the epochs
+#: still on disk. The lesson's run keeps the best by test_acc (num_to_keep=1) and the latest; exercise 1's run the
+#: best two and the latest.
+LESSON_RUN = [(f"checkpoint_2026-11-29_00-{time}", {"epoch": epoch, "test_loss": loss, "test_acc": acc})
+              for epoch, (time, loss, acc) in enumerate([("50-43.326304", 0.0471, 0.9853),
+                                                         ("52-37.220383", 0.0393, 0.9878),
+                                                         ("54-28.088973", 0.0593, 0.9823)])]
+LESSON_RUN_ON_DISK = [1, 2]
+SCORES_RUN = [(f"checkpoint_2026-11-29_00-56-{19 + 2 * epoch:02d}.000000",
+               {"epoch": epoch, "test_acc": acc, "test_loss": loss})
+              for epoch, (acc, loss) in enumerate(zip([0.97, 0.99, 0.95, 0.98, 0.96], [0.10, 0.40, 0.50, 0.20, 0.30]))]
+SCORES_RUN_ON_DISK = [1, 3, 4]
+
+
+def write_run_folder(folder: Path, reports: list[tuple[str, dict[str, Any]]], on_disk: list[int],
+                     history: bool) -> None:
+    """A finished run's folder as Ray Train 2.60 leaves it: a folder per checkpoint still on disk, and its snapshot
+    (checkpoint_manager_snapshot.json, the one `Result.from_path` reads) listing them by test_acc, worst first, and
+    the last report's as the latest. The lesson's recorded folders have this layout; Ray Train's controller writes
+    it, with Ray running, so here it is written from the same fields. With `history`, the course's MetricsHistory
+    records every report, as the lesson's run does (exercise 1's has no callback)."""
+    import json
+
+    import ray
+    from ray.train import Checkpoint
+
+    from helpers.results import MetricsHistory
+
+    folder.mkdir(parents=True)
+    for index in on_disk:
+        (folder / reports[index][0]).mkdir()
+        (folder / reports[index][0] / "score.txt").write_text(str(reports[index][1]["test_acc"]))
+    by_score = sorted(on_disk, key=lambda index: reports[index][1]["test_acc"])
+
+    def state(index: int) -> dict[str, Any]:
+        return {"version": 0, "checkpoint_dir_name": reports[index][0], "metrics": reports[index][1]}
+
+    (folder / "checkpoint_manager_snapshot.json").write_text(json.dumps({
+        "ray_version": ray.__version__, "checkpoint_results": [state(index) for index in by_score],
+        "checkpoint_report_indices": by_score, "latest_checkpoint_result": state(len(reports) - 1),
+        "pending_training_results": [], "pending_validation_specs": [], "current_report_index": len(reports),
+        "validated_checkpoint_dir_names": [], "timed_out_validation_checkpoint_dir_names": [],
+        "failed_validation_checkpoint_dir_names": []}))
+    if history:
+        run_config = SimpleNamespace(storage_path=str(folder.parent), name=folder.name)
+        run_context = SimpleNamespace(get_run_config=lambda: run_config)  # what the controller passes callbacks
+        for name, metrics in reports:
+            MetricsHistory().after_report(run_context, [metrics], Checkpoint(str(folder / name)))
+
+
+@pytest.fixture(scope="module")
+def lesson_04_runs(tmp_path_factory) -> dict[str, Any]:
+    """What exercise 2's check reads of lesson 04: its run's `result` and history `reports`, and exercise 1's run,
+    `scores_run`, with `on_disk_now`; the Results are rebuilt from their folders (the check reads only `path` and
+    `filesystem` of those that fit() returned)."""
+    from ray.train import Result
+
+    from helpers.results import read_history
+
+    storage = tmp_path_factory.mktemp("runs")
+    write_run_folder(storage / "04_checkpoints", LESSON_RUN, LESSON_RUN_ON_DISK, history=True)
+    write_run_folder(storage / "04_scores", SCORES_RUN, SCORES_RUN_ON_DISK, history=False)
+    history = read_history(str(storage / "04_checkpoints"))
+    scores_run = Result.from_path(str(storage / "04_scores"))
+    return {"Path": Path, "result": Result.from_path(str(storage / "04_checkpoints")),
+            "reports": history[history["event"] == "report"].copy(), "scores_run": scores_run,
+            "on_disk_now": Result.from_path(scores_run.path, storage_filesystem=scores_run.filesystem),
+            "losses": [metrics["test_loss"] for _, metrics in SCORES_RUN], "scores_on_disk": set(SCORES_RUN_ON_DISK)}
+
+
+def lowest_loss_path(path: str, filesystem) -> str:  # the solution
+    from ray.train import Result
+
+    restored = Result.from_path(path, storage_filesystem=filesystem)
+    return restored.get_best_checkpoint(metric="test_loss", mode="min").path
+
+
+def lowest_loss_checkpoint(path: str, filesystem):
+    from ray.train import Result
+
+    return Result.from_path(path, storage_filesystem=filesystem).get_best_checkpoint(metric="test_loss", mode="min")
+
+
+def highest_loss_path(path: str, filesystem) -> str:  # mode="max", as the run's CheckpointConfig ranks test_acc
+    from ray.train import Result
+
+    restored = Result.from_path(path, storage_filesystem=filesystem)
+    return restored.get_best_checkpoint(metric="test_loss", mode="max").path
+
+
+def best_test_acc_path(path: str, filesystem) -> str:  # section 05's call, unchanged: the run's score, not the loss
+    from ray.train import Result
+
+    restored = Result.from_path(path, storage_filesystem=filesystem)
+    return restored.get_best_checkpoint(metric="test_acc", mode="max").path
+
+
+def latest_checkpoint_path(path: str, filesystem) -> str:  # result.checkpoint: the latest, whatever its loss
+    from ray.train import Result
+
+    return Result.from_path(path, storage_filesystem=filesystem).checkpoint.path
+
+
+def lowest_loss_in_history(path: str, filesystem) -> str:  # the course's history: deleted checkpoints included
+    from helpers.results import read_history
+
+    history = read_history(path)
+    reports = history[history["event"] == "report"]
+    return f"{path}/{reports.loc[reports['test_loss'].idxmin(), 'checkpoint']}"
+
+
+IN_LESSON_RUN = "in this lesson's run: the checkpoint on disk with the lowest test_loss"
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    (lowest_loss_path, []),
+    (lowest_loss_checkpoint, ["lowest_loss_path returns a path", IN_LESSON_RUN, "in exercise 1's run"]),
+    (highest_loss_path, [IN_LESSON_RUN, "in exercise 1's run"]),
+    (latest_checkpoint_path, [IN_LESSON_RUN, "in exercise 1's run"]),
+    (lowest_loss_in_history, ["in exercise 1's run"]),  # exercise 1's run has no history: FileNotFoundError
+    (best_test_acc_path, ["in exercise 1's run"]),  # its best by test_acc, epoch 1, is not its lowest loss on disk
+])
+def test_lesson_04_exercise_2_fails_on_the_highest_loss_the_latest_a_checkpoint_off_disk_or_the_best_score(
+        lesson_04_runs, capsys, answer, wrong):
+    results = run_check_cell("04_checkpoints_and_results.ipynb", "exercise_2",
+                             {**lesson_04_runs, "lowest_loss_path": answer}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 04 · exercise 3: the second *most* likely digit, and the share among the mistakes only ---------------------
+
+TOP2_PREDICTOR = """
+class Top2Predictor(MNISTPredictor):
+    @torch.no_grad()
+    def __call__(self, batch: dict) -> dict:
+        images = torch.tensor(batch["image"], device=self.device)
+        top2 = self.model(images).topk(2, dim=1).indices.cpu().numpy()
+        batch["prediction"], batch["second"] = top2[:, 0], top2[:, 1]
+        return batch"""
+SHARE_OF_MISTAKES = "(mistakes.label == mistakes.second).mean()"  # mistakes = top2[top2.label != top2.prediction]
+
+
+@pytest.fixture(scope="module")
+def lesson_04_predictions(tmp_path_factory) -> dict[str, Any]:
+    """`best`, a checkpoint folder with a ResNet-18's model.pt (untrained: the check compares the predictor with the
+    checkpoint's own logits); 16 images whose labels are its first guess for half of them, its second guess for a
+    quarter and its third for the rest: 8 mistakes, half of them with the second guess right; and `results`, section
+    09's predictions of MNISTPredictor over them."""
+    import numpy as np
+    import torch
+    from ray.train import Checkpoint
+
+    from helpers.inference import MNISTPredictor, load_model
+    from helpers.models import resnet18_mnist
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("best")
+    torch.save(resnet18_mnist().state_dict(), folder / "model.pt")
+    best = Checkpoint.from_directory(str(folder))
+    images = torch.randn(16, 1, 28, 28).numpy()
+    with torch.no_grad():
+        ranked = load_model(best)(torch.from_numpy(images)).topk(3, dim=1).indices.numpy()
+    labels = ranked[np.arange(16), [(0, 0, 1, 2)[i % 4] for i in range(16)]]
+    return {"best": best, "images": images, "labels": labels,
+            "results": map_batches(MNISTPredictor, best, images, labels)}
+
+
+def map_batches(predictor_class: type, best, images, labels) -> pd.DataFrame:
+    """What datasets["valid"].map_batches(predictor_class, batch_size=512, compute=ActorPoolStrategy(...)) gives for
+    these images, without Ray Data: the class built once, called on a batch of NumPy arrays; as a DataFrame."""
+    import pandas as pd
+
+    batch = predictor_class(best)({"image": images.copy(), "label": labels.copy()})
+    return pd.DataFrame({key: value for key, value in batch.items() if key != "image"})
+
+
+@pytest.mark.parametrize("predictor,rows,share,wrong", [
+    (TOP2_PREDICTOR, 16, SHARE_OF_MISTAKES, []),
+    (TOP2_PREDICTOR.replace(".topk(2, dim=1).indices", ".argsort(dim=1)[:, [-1, 1]]"),  # argmax, then the second
+     16, SHARE_OF_MISTAKES, ["Top2Predictor gives the model's two best guesses"]),  # from the wrong end: least likely
+    (TOP2_PREDICTOR, 8, SHARE_OF_MISTAKES,  # take_batch or a limit: part of datasets["valid"]
+     ["top2 has section 09's mistakes, no more, no fewer"]),
+    (TOP2_PREDICTOR, 16, "(top2.label == top2.second).mean()",  # among every image: 4 of 16, not 4 of 8
+     ["second_guess_share is the share of mistakes whose label is second"]),
+    (TOP2_PREDICTOR, 16, "100 * " + SHARE_OF_MISTAKES,  # a percentage, 50.0, not a share from 0 to 1
+     ["second_guess_share is the share of mistakes whose label is second"]),
+])
+def test_lesson_04_exercise_3_fails_on_the_least_likely_digit_part_of_the_data_or_a_share_of_every_image(
+        lesson_04_predictions, capsys, predictor, rows, share, wrong):
+    import torch
+
+    from helpers.inference import MNISTPredictor
+
+    best, images, labels = (lesson_04_predictions[key] for key in ("best", "images", "labels"))
+    namespace: dict[str, Any] = {"torch": torch, "MNISTPredictor": MNISTPredictor, "best": best}
+    exec(predictor, namespace)
+    top2 = map_batches(namespace["Top2Predictor"], best, images[:rows], labels[:rows])
+    # A stand-in for the Ray Dataset datasets["valid"]: the check only takes a batch of it, a dict of NumPy arrays.
+    valid = SimpleNamespace(take_batch=lambda n: {"image": images[:n].copy(), "label": labels[:n].copy()})
+    namespace.update({"datasets": {"valid": valid}, "results": lesson_04_predictions["results"], "top2": top2,
+                      "second_guess_share": eval(share, {"top2": top2,
+                                                         "mistakes": top2[top2.label != top2.prediction]})})
+    results = run_check_cell("04_checkpoints_and_results.ipynb", "exercise_3", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 05 · exercise 1: fit() raises once the budget is 0, and the failure is at step 0 of epoch 1 on fail_rank -------
+
+FAIL_RANK = 1  # scaling.num_workers - 1: 2 workers, as recorded
+
+
+@pytest.mark.parametrize("failure,kept,wrong", [
+    ((1, 0, FAIL_RANK), "the run's error", []),
+    (None, None, ["fit() raised", "error is a ray.train.WorkerGroupError, the TrainingFailedError of failed workers",
+                  "error.worker_failures holds rank 1 only",
+                  "its exception is the InjectedFailure of epoch 1, step 0"]),
+    ((1, 1, FAIL_RANK), "the run's error", ["its exception is the InjectedFailure of epoch 1, step 0"]),  # step 1
+    ((1, 0, 0), "the run's error", ["error.worker_failures holds rank 1 only",  # rank 0 instead of fail_rank
+                                    "its exception is the InjectedFailure of epoch 1, step 0"]),
+    ((1, 0, FAIL_RANK), "the worker's exception", [  # error = caught.worker_failures[fail_rank]
+        "error is a ray.train.WorkerGroupError, the TrainingFailedError of failed workers",
+        "error.worker_failures holds rank 1 only", "its exception is the InjectedFailure of epoch 1, step 0"]),
+])
+def test_lesson_05_exercise_1_fails_when_fit_returns_or_on_another_step_rank_or_exception(capsys, failure, kept,
+                                                                                           wrong):
+    """No failure (None) is what the cell leaves when fit() returned: with_failure(..., step=2) as in section 03
+    never fails on the small datasets' 2 steps per epoch, and section 03's max_failures=1 restarts the workers."""
+    import ray
+    import ray.train
+
+    from helpers.fault_tolerance import InjectedFailure
+
+    error: Exception | None = None
+    if failure is not None:
+        epoch, step, rank = failure
+        message = f"rank {rank} fails on purpose at epoch {epoch}, step {step}"
+        # What fit() raises with max_failures=0 (a stand-in for the run): a WorkerGroupError that maps the failed
+        # rank to the loop's own exception; Ray Train keeps the worker's traceback in the message only.
+        error = ray.train.WorkerGroupError(
+            f"[Rank {rank} Error Snippet]:\nTraceback (most recent call last):\n  ...\n"
+            f"helpers.fault_tolerance.InjectedFailure: {message}\n", {rank: InjectedFailure(message)})
+        if kept == "the worker's exception":
+            error = error.worker_failures[rank]
+    results = run_check_cell("05_fault_tolerance.ipynb", "exercise_1",
+                             {"error": error, "fail_rank": FAIL_RANK, "ray": ray}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 05 · exercise 2: each kind of failure against its own budget, -1 without limit, nothing after the first raise ---
+
+DECISIONS = """
+limits = {"worker": max_failures, "preemption": max_preemption_failures}
+counts, decided = {"worker": 0, "preemption": 0}, []
+for failure in failures:
+    counts[failure] += 1
+    over = limits[failure] != -1 and counts[failure] > limits[failure]
+    decided.append("raise" if over else "retry")
+    if over:
+        break
+return decided"""
+
+
+@pytest.mark.parametrize("body,wrong", [
+    (DECISIONS, []),
+    (DECISIONS.replace("counts[failure]", 'counts["worker"]').replace("limits[failure]", "max_failures"),
+     ["preemptions do not use max_failures",  # one count, one budget: every failure against max_failures
+      "max_preemption_failures=1: the second preemption ends it"]),
+    (DECISIONS.replace("] > limits", "] >= limits"),  # off by one: max_failures=1 retries no failure
+     ["section 03: max_failures=1, one worker failure -> retry", "preemptions do not use max_failures",
+      "max_preemption_failures=1: the second preemption ends it"]),
+    (DECISIONS.replace("limits[failure] != -1 and ", ""),  # -1 read as a count: every failure is over it
+     ["preemptions do not use max_failures", "-1 retries without limit"]),
+    (DECISIONS.replace("    if over:\n        break\n", ""),  # goes on deciding after the run has ended
+     ["max_preemption_failures=1: the second preemption ends it"]),
+])
+def test_lesson_05_exercise_2_fails_on_one_budget_an_off_by_one_minus_one_as_a_count_or_no_stop(capsys, body, wrong):
+    namespace: dict[str, Any] = {}
+    exec("def decisions(max_failures, max_preemption_failures, failures):\n"
+         + "\n".join("    " + line for line in body.strip().splitlines()), namespace)
+    results = run_check_cell("05_fault_tolerance.ipynb", "exercise_2", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
 # ---- 06 · exercise 1: a rank is in report only when a frame *is* report, not one whose name contains it ----------
 
 LAB_A_RANK_0 = ["Worker.get_objects (ray/_private/worker.py:1007)", "report (ray/train/v2/api/train_fn_utils.py:125)",
@@ -257,6 +577,171 @@ def test_lesson_06_exercise_3_fails_on_an_epoch_or_the_first_report_alone(capsys
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
 
+# ---- 07 · exercise 1: GREETING in the runtime env's env_vars, not set in the notebook or on the command line -------
+
+class Clock:
+    """`time` for lesson 07's wait_for_job: its 2 s polls pass at once, with a real pause of 10 ms that lets a job's
+    process run. `monotonic` is the clock's own, so a TimeoutError after 60 s comes at once too."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        time.sleep(0.01)
+
+
+class FakeJobClient:
+    """Stands in for lesson 07's JobSubmissionClient, with no cluster: a job is its entrypoint, run by the shell in a
+    process (group) of its own with the cluster's environment (the one it started with, not this process's later
+    changes) plus the runtime env's env_vars; its output is its log. As Ray 2.60 does: `runtime_env` goes through
+    RuntimeEnv (get_job_info gives back that dict); a reused or unknown submission id raises RuntimeError; stop_job
+    is fire and forget, True while the job runs, False once it has ended: the job supervisor then signals the process
+    and records STOPPED, here STOP_LATENCY_S of `clock` later, so the status right after stop_job is still RUNNING."""
+
+    STOP_LATENCY_S = 1.0
+
+    def __init__(self, folder: Path, cluster_env: dict[str, str], clock: Clock) -> None:
+        self.folder, self.cluster_env, self.clock = folder, cluster_env, clock
+        self.jobs: dict[str, SimpleNamespace] = {}
+
+    def submit_job(self, *, entrypoint: str, job_id: str | None = None, runtime_env: dict | None = None,
+                   metadata: dict | None = None, submission_id: str | None = None,
+                   entrypoint_num_cpus: float | None = None, entrypoint_num_gpus: float | None = None,
+                   entrypoint_memory: int | None = None, entrypoint_resources: dict | None = None,
+                   entrypoint_label_selector: dict | None = None) -> str:
+        from ray.runtime_env import RuntimeEnv
+
+        submission_id = submission_id or job_id or f"raysubmit_{secrets.token_hex(8)}"
+        if submission_id in self.jobs:
+            raise RuntimeError(f"Request failed with status code 400: Job with submission_id {submission_id} "
+                               "already exists. Please use a different submission_id.")
+        runtime_env = RuntimeEnv(**copy.deepcopy(runtime_env or {})).to_dict()
+        log = self.folder / f"job-driver-{submission_id}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(entrypoint, shell=True, start_new_session=True, cwd=self.folder, stdout=out,
+                                       stderr=subprocess.STDOUT,
+                                       env={**self.cluster_env, **runtime_env.get("env_vars", {})})
+        self.jobs[submission_id] = SimpleNamespace(entrypoint=entrypoint, runtime_env=runtime_env, log=log,
+                                                   process=process, status=None, stop_at=None)
+        return submission_id
+
+    def _job(self, submission_id: str) -> SimpleNamespace:
+        if submission_id not in self.jobs:
+            raise RuntimeError(f"Request failed with status code 404: Job {submission_id} does not exist.")
+        return self.jobs[submission_id]
+
+    def get_job_status(self, submission_id: str) -> Any:
+        from ray.job_submission import JobStatus
+
+        job = self._job(submission_id)
+        if job.status is None and job.stop_at is not None and self.clock.now >= job.stop_at:
+            self._kill(job)
+            job.status = JobStatus.STOPPED
+        elif job.status is None and (returncode := job.process.poll()) is not None:
+            job.status = JobStatus.SUCCEEDED if returncode == 0 else JobStatus.FAILED
+        return job.status or JobStatus.RUNNING
+
+    def get_job_info(self, submission_id: str) -> SimpleNamespace:
+        job = self._job(submission_id)
+        return SimpleNamespace(submission_id=submission_id, entrypoint=job.entrypoint, runtime_env=job.runtime_env,
+                               status=self.get_job_status(submission_id))
+
+    def get_job_logs(self, submission_id: str) -> str:
+        return self._job(submission_id).log.read_text()
+
+    def stop_job(self, submission_id: str) -> bool:
+        job = self._job(submission_id)
+        if self.get_job_status(submission_id).is_terminal():
+            return False
+        if job.stop_at is None:
+            job.stop_at = self.clock.now + self.STOP_LATENCY_S
+        return True
+
+    @staticmethod
+    def _kill(job: SimpleNamespace) -> None:
+        if job.process.poll() is None:
+            os.killpg(job.process.pid, signal.SIGTERM)
+        job.process.wait(timeout=10)
+
+    def close(self) -> None:
+        for job in self.jobs.values():
+            self._kill(job)
+
+
+@pytest.fixture
+def lesson_07(tmp_path) -> Iterator[dict[str, Any]]:
+    """What lesson 07's cells leave for its exercises: `client` (here a FakeJobClient on a cluster started with no
+    GREETING), JobStatus, and its own wait_for_job, run on the fake's clock."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    clock = Clock()
+    client = FakeJobClient(tmp_path, {name: value for name, value in os.environ.items() if name != "GREETING"}, clock)
+    namespace: dict[str, Any] = {"client": client, "JobStatus": JobStatus, "JobSubmissionClient": JobSubmissionClient}
+    exec(lesson_cell("07_ray_jobs.ipynb", "def wait_for_job("), namespace)
+    namespace["time"] = clock  # after the cell's `import time`: wait_for_job looks it up when it runs
+    yield namespace
+    client.close()
+
+
+SUBMIT = 'exercise_1_job = client.submit_job(entrypoint={entrypoint!r}, submission_id="exercise-1"{runtime_env})\n'
+WITH_ENV = ', runtime_env={"env_vars": {"GREETING": "hello"}}'
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    (SUBMIT.format(entrypoint="echo $GREETING", runtime_env=WITH_ENV), []),
+    (SUBMIT.format(entrypoint="GREETING=hello echo $GREETING", runtime_env=""),  # the shell expands it first: ""
+     ["its runtime env sets GREETING=hello", "its log has the line hello"]),
+    ('os.environ["GREETING"] = "hello"\n'  # the notebook's environment, not the cluster's
+     + SUBMIT.format(entrypoint="echo $GREETING", runtime_env=""),
+     ["its runtime env sets GREETING=hello", "its log has the line hello"]),
+    (SUBMIT.format(entrypoint="echo GREETING", runtime_env=WITH_ENV), ["its log has the line hello"]),  # no $
+    (SUBMIT.format(entrypoint="echo $GREETING", runtime_env=WITH_ENV).replace(', submission_id="exercise-1"', ""),
+     ["the job exercise-1 succeeds", "its runtime env sets GREETING=hello",  # a raysubmit_... id: no exercise-1
+      "its log has the line hello"]),
+])
+def test_lesson_07_exercise_1_fails_when_greeting_is_not_in_the_runtime_env(lesson_07, capsys, answer, wrong):
+    lesson_07["os"] = os  # the lesson imports it
+    with mock.patch.dict(os.environ):  # the answer may set a variable of this process: put back afterwards
+        exec(answer, lesson_07)
+    results = run_check_cell("07_ray_jobs.ipynb", "exercise_1", lesson_07, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 07 · exercise 2: stop, then wait for the end; a job that has already ended keeps its status --------------------
+
+WAIT_FOR_STOPPED = """
+client.stop_job(submission_id)
+deadline = time.monotonic() + timeout_s
+while client.get_job_status(submission_id) != JobStatus.STOPPED:
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"{submission_id} is not STOPPED")
+    time.sleep(2)
+return JobStatus.STOPPED"""
+
+
+@pytest.mark.parametrize("body,wrong", [
+    ("client.stop_job(submission_id)\nreturn wait_for_job(client, submission_id, timeout_s)", []),
+    ("client.stop_job(submission_id)\nreturn client.get_job_status(submission_id)",  # not waited: still RUNNING
+     ["a running job ends STOPPED"]),
+    ("return wait_for_job(client, submission_id, timeout_s)", ["a running job ends STOPPED"]),  # never stopped
+    ("client.stop_job(submission_id)\nreturn JobStatus.STOPPED", ["a finished job keeps its status"]),
+    (WAIT_FOR_STOPPED, ["a finished job keeps its status"]),  # waits for STOPPED, which a finished job never becomes
+])
+def test_lesson_07_exercise_2_fails_when_not_waited_or_a_finished_job_is_called_stopped(lesson_07, capsys, body,
+                                                                                        wrong):
+    client = lesson_07["client"]
+    client.submit_job(entrypoint="echo hello", submission_id="lesson07-one-cpu", entrypoint_num_cpus=1)  # section 05's
+    assert lesson_07["wait_for_job"](client, "lesson07-one-cpu", timeout_s=300) == lesson_07["JobStatus"].SUCCEEDED
+    exec("def stop_and_wait(client, submission_id, timeout_s=60):\n"
+         + "\n".join("    " + line for line in body.strip().splitlines()), lesson_07)
+    results = run_check_cell("07_ray_jobs.ipynb", "exercise_2", lesson_07, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
 # ---- 07 · exercise 3: the token must not reach curl's arguments, where `ps` shows them ----------------------------
 
 @pytest.mark.parametrize("answer,token_seen", [
@@ -276,6 +761,122 @@ def test_lesson_07_exercise_3_fails_when_the_token_reaches_curls_command_line(tm
     shutil.rmtree(namespace["header_file"].parent)  # the cell made it, as in the lesson
     token_check = [what for what in failed(results) if what.startswith("the token is not in curl's arguments")]
     assert bool(token_check) == token_seen, results
+
+
+# ---- 08 · exercise 1: a copy of the cluster, whose new group keeps the CPU group's storage, security and labels ------
+
+LARGE = {"limits": {"cpu": "16", "memory": "64Gi"}, "requests": {"cpu": "16", "memory": "64Gi"}}
+ADD_LARGE_GROUP = """
+larger = copy.deepcopy(cluster)
+large = copy.deepcopy(larger["spec"]["workerGroupSpecs"][0])
+large.update(groupName="cpu-large", replicas=0, minReplicas=0, maxReplicas=2)
+large["template"]["spec"]["containers"][0]["resources"] = LARGE
+larger["spec"]["workerGroupSpecs"].append(large)
+return larger"""
+FROM_SCRATCH = """
+larger = copy.deepcopy(cluster)
+larger["spec"]["workerGroupSpecs"].append({
+    "groupName": "cpu-large", "replicas": 0, "minReplicas": 0, "maxReplicas": 2, "rayStartParams": {},
+    "template": {"spec": {"containers": [{"name": "ray-worker", "image": "ray-course:2.60.0-py311",
+                                          "resources": LARGE}]}}})
+return larger"""
+PASSES = "the cluster passes the schema and the course's checks"
+
+
+@pytest.mark.parametrize("body,wrong", [
+    (ADD_LARGE_GROUP, []),
+    (ADD_LARGE_GROUP.replace("copy.deepcopy(cluster)", "cluster"), ["the lesson's cluster is unchanged"]),  # in place
+    (ADD_LARGE_GROUP.replace("copy.deepcopy(cluster)", "dict(cluster)"),  # a shallow copy: the same list of groups
+     ["the lesson's cluster is unchanged"]),
+    (ADD_LARGE_GROUP.replace('["resources"] = LARGE', '["resources"]["limits"] = LARGE["limits"]'),  # requests: 4
+     ["cpu-large pods have 16 CPUs and 64Gi, requested and limited", PASSES]),
+    (FROM_SCRATCH,  # a group written anew: no volume, securityContext or labels
+     [PASSES, "the NetworkPolicy selects its pods"]),
+])
+def test_lesson_08_exercise_1_fails_on_the_lesson_s_cluster_changed_or_a_group_written_anew(capsys, body, wrong):
+    from helpers.tooling import kuberay
+
+    namespace: dict[str, Any] = {"copy": copy, "kuberay": kuberay, "LARGE": LARGE,
+                                 "cluster": kuberay.load_manifest("raycluster.yaml"),
+                                 "policy": kuberay.load_manifest("networkpolicy.yaml")}
+    exec("def with_large_group(cluster):\n" + "\n".join("    " + line for line in body.strip().splitlines()), namespace)
+    results = run_check_cell("08_kuberay.ipynb", "exercise_1", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 08 · exercise 2: OOMKilled is in the last state, the scheduler's message tells GPU from volume ----------------
+
+DIAGNOSE = """
+status = pod["status"]
+for condition in status.get("conditions", []):
+    if condition["type"] == "PodScheduled" and condition["status"] == "False":
+        if "nvidia.com/gpu" in condition["message"]:
+            return "gpu"
+        if "PersistentVolumeClaim" in condition["message"]:
+            return "volume"
+for container in status.get("containerStatuses", []):
+    waiting = container.get("state", {}).get("waiting", {}).get("reason")
+    if waiting in ("ErrImagePull", "ImagePullBackOff"):
+        return "image"
+    if waiting == "CreateContainerConfigError":
+        return "secret"
+    if container.get("lastState", {}).get("terminated", {}).get("reason") == "OOMKilled":
+        return "memory"
+return None"""
+
+
+@pytest.mark.parametrize("body,wrong", [
+    (DIAGNOSE, []),
+    (DIAGNOSE.replace('container.get("lastState"', 'container.get("state"'),  # the container runs again: not there
+     ["the memory pod: 'memory'"]),
+    (DIAGNOSE.replace('if "nvidia.com/gpu" in condition["message"]:', "if True:"),  # every unschedulable pod
+     ["the volume pod: 'volume'"]),
+    (DIAGNOSE.replace('in ("ErrImagePull", "ImagePullBackOff")', '== "ErrImagePull"'),  # not the back-off after it
+     ["the image pod: 'image'"]),
+])
+def test_lesson_08_exercise_2_fails_on_the_current_state_or_any_unschedulable_pod(capsys, body, wrong):
+    from helpers.tooling import kuberay
+
+    namespace: dict[str, Any] = {"kuberay": kuberay}
+    exec("def diagnose(pod):\n" + "\n".join("    " + line for line in body.strip().splitlines()), namespace)
+    results = run_check_cell("08_kuberay.ipynb", "exercise_2", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 08 · exercise 3: one `from` entry with both selectors, in the Jobs API's rule ---------------------------------
+
+NOTEBOOKS_NAMESPACE = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "notebooks"}}}
+JUPYTER_PODS = {"podSelector": {"matchLabels": {"app": "jupyter"}}}
+
+
+UNCHANGED = "the lesson's policy is unchanged"
+
+
+@pytest.mark.parametrize("peers,own_rule,wrong", [
+    ([{**NOTEBOOKS_NAMESPACE, **JUPYTER_PODS}], False, []),
+    ([{**NOTEBOOKS_NAMESPACE, **JUPYTER_PODS}], "in place", [UNCHANGED]),  # the lesson's policy, changed and returned
+    ([NOTEBOOKS_NAMESPACE, JUPYTER_PODS], False,  # two entries: either matches, every pod of notebooks
+     ["another pod in notebooks does not reach the Jobs API"]),
+    ([JUPYTER_PODS], False, ["a JupyterLab pod in notebooks reaches the Jobs API"]),  # the policy's namespace only
+    ([{"namespaceSelector": {}, **JUPYTER_PODS}], False,  # {}: every namespace
+     ["an app=jupyter pod in another namespace does not either"]),
+    ([{**NOTEBOOKS_NAMESPACE, **JUPYTER_PODS}], True, ["it does not reach the GCS"]),  # a rule of its own: every port
+])
+def test_lesson_08_exercise_3_fails_on_two_entries_a_pod_selector_alone_or_every_port(capsys, peers, own_rule, wrong):
+    from helpers.tooling import kuberay
+
+    def admit_jupyter(policy: dict) -> dict:
+        wider = policy if own_rule == "in place" else copy.deepcopy(policy)
+        if own_rule is True:
+            wider["spec"]["ingress"].append({"from": copy.deepcopy(peers)})
+        else:
+            wider["spec"]["ingress"][1]["from"].extend(copy.deepcopy(peers))
+        return wider
+
+    results = run_check_cell("08_kuberay.ipynb", "exercise_3",
+                             {"kuberay": kuberay, "admit_jupyter": admit_jupyter, "copy": copy,
+                              "policy": kuberay.load_manifest("networkpolicy.yaml")}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
 
 # ---- 11 · exercise 1: a trial's workers each fit on one node; the cluster's total CPUs over-count ---------------
@@ -299,6 +900,106 @@ def test_lesson_11_exercise_1_fails_on_the_cluster_total(capsys, answer, passes)
         assert failed(results)[0].endswith("(AssertionError: got [2, 2, 1, 5, 1, 3])"), results
 
 
+# ---- 11 · exercise 2: below the 1 - 1/reduction_factor quantile of the earlier values; the first one goes on -------
+
+def asha_decisions_stand_in():
+    """Stands in for lesson 11's `decisions` (helpers.tuning.asha_decisions on the search's history): its rows as
+    that replay makes them, values in the manner of the recorded search, each decision Ray's ASHA rule (reduction
+    factor 2: a value below the median of the earlier values stops). The last rows are ends at max_t, no rung."""
+    import pandas as pd
+
+    rows = [("00001", 1, 0.959, 1, [], "continue"), ("00000", 1, 0.946, 1, [0.959], "stop"),
+            ("00004", 1, 0.955, 1, [0.959, 0.946], "continue"), ("00002", 1, 0.930, 1, [0.959, 0.946, 0.955], "stop"),
+            ("00001", 2, 0.937, 2, [], "continue"), ("00004", 2, 0.950, 2, [0.937], "continue"),
+            ("00001", 3, 0.963, None, None, "end (max_t)"), ("00004", 3, 0.955, None, None, "end (max_t)")]
+    return pd.DataFrame([{"trial_id": trial, "epoch": epoch, "test_acc": value, "rung": rung, "earlier": earlier,
+                          "decision": decision} for trial, epoch, value, rung, earlier, decision in rows])
+
+
+ASHA_STOPS = "bool(earlier) and value < np.nanpercentile(earlier, (1 - 1 / reduction_factor) * 100)"
+QUANTILE_75 = "reduction_factor=4: below the 75th percentile stops"
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    (ASHA_STOPS, []),
+    (ASHA_STOPS.replace("value <", "value <="), ["at the cutoff, not below it: go on"]),  # stops at the cutoff
+    (ASHA_STOPS.replace("(1 - 1 / reduction_factor) * 100", "50"), [QUANTILE_75]),  # the median, whatever the factor
+    (ASHA_STOPS.replace("(1 - 1 / reduction_factor)", "(1 / reduction_factor)"), [QUANTILE_75]),  # the 25th for 4
+    (ASHA_STOPS.replace("nanpercentile(earlier", "nanpercentile(earlier + [value]"),  # its own value counted
+     ["below the median of the earlier values: stop", QUANTILE_75]),
+    (ASHA_STOPS.replace("bool(earlier) and ", "").replace("nanpercentile", "percentile"),  # no first-trial case:
+     ["the first trial at a rung goes on",  # np.percentile([]) raises IndexError
+      "every decision this search's ASHA made at a rung"]),
+])
+def test_lesson_11_exercise_2_fails_at_the_cutoff_on_the_median_alone_or_on_the_first_trial(capsys, answer, wrong):
+    import numpy as np
+
+    namespace: dict[str, Any] = {"np": np, "decisions": asha_decisions_stand_in()}
+    define(namespace, "asha_stops(earlier, value, reduction_factor)", answer)
+    results = run_check_cell("11_hyperparameter_search.ipynb", "exercise_2", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 11 · exercise 3: the best epoch of any trial, not the best trial's last; that epoch's own checkpoint -----------
+
+# Each trial's test_acc per epoch. RECORDED is shaped like a recorded search of the lesson (its trial table's last
+# values; earlier epochs made up, below them): its best epoch, 00001's last (0.963), is also the best trial's last. In
+# MID_RUN_BEST, another search's, the best epoch is 00000's second (0.951), the best trial by its last result 00001.
+RECORDED = {"00000": [0.921, 0.946], "00001": [0.902, 0.941, 0.957, 0.963], "00002": [0.845, 0.857, 0.859],
+            "00004": [0.897, 0.936, 0.950, 0.955]}
+MID_RUN_BEST = {"00000": [0.912, 0.951, 0.944], "00001": [0.905, 0.937, 0.948], "00002": [0.861, 0.899]}
+
+
+def lesson_11_results(tmp_path: Path, curves: dict[str, list[float]]) -> dict[str, Any]:
+    """Stand-ins for what lesson 11's cells leave: `history` (trial_histories: one row per result, with its
+    checkpoint), `best` (results.get_best_result(): the trial with the best *last* test_acc, its last result),
+    `valid_accuracy` (the predictor over the test images; here the test_acc the checkpoint's epoch reported, which
+    section 08's check shows it reproduces within 1e-3), and section 08's `accuracy`, the best result's checkpoint's."""
+    import pandas as pd
+    import pyarrow.fs
+    from ray.train import Checkpoint
+
+    history = pd.DataFrame([{"trial_id": trial, "epoch": epoch, "test_acc": test_acc,
+                             "checkpoint_path": str(tmp_path / f"search-{trial}" / f"checkpoint_00000{epoch}")}
+                            for trial, curve in curves.items() for epoch, test_acc in enumerate(curve)])
+    accuracy_by_path = dict(zip(history["checkpoint_path"], history["test_acc"]))
+
+    def valid_accuracy(checkpoint: Checkpoint) -> float:
+        return accuracy_by_path[checkpoint.path]
+
+    filesystem = pyarrow.fs.LocalFileSystem()
+    best_trial = max(curves, key=lambda trial: curves[trial][-1])
+    best = SimpleNamespace(metrics=history[history["trial_id"] == best_trial].iloc[-1].to_dict())
+    return {"pd": pd, "Checkpoint": Checkpoint, "filesystem": filesystem, "history": history, "best": best,
+            "valid_accuracy": valid_accuracy,
+            "accuracy": valid_accuracy(Checkpoint(best.metrics["checkpoint_path"], filesystem=filesystem))}
+
+
+BEST_EPOCH = 'history.loc[history["test_acc"].idxmax()]'  # the solution's body of best_epoch(history)
+#: The best trial by its last result, and that result: what results.get_best_result() gives.
+BEST_TRIALS_LAST = 'history[history["trial_id"] == history.groupby("trial_id")["test_acc"].last().idxmax()].iloc[-1]'
+ITS_ACCURACY = 'valid_accuracy(Checkpoint(best_row["checkpoint_path"], filesystem=filesystem))'
+SERIES = "best_epoch returns one row, a pd.Series"
+TOY_RIGHT = "best_epoch(toy) is trial a's epoch 1, not the best trial's last"
+BEST_ROW_RIGHT = "best_row is a row of history with the highest test_acc"
+ACCURACY_RIGHT = "best_epoch_accuracy reproduces that row's test_acc"
+
+
+@pytest.mark.parametrize("curves,body,best_epoch_accuracy,wrong", [
+    (RECORDED, BEST_EPOCH, ITS_ACCURACY, []),
+    (RECORDED, BEST_TRIALS_LAST, "accuracy", [TOY_RIGHT]),  # passes on this search's numbers, not on the toy's
+    (RECORDED, "...", "...", [SERIES, TOY_RIGHT, BEST_ROW_RIGHT, ACCURACY_RIGHT]),  # the stub
+    (MID_RUN_BEST, BEST_EPOCH, ITS_ACCURACY, []),
+    (MID_RUN_BEST, BEST_TRIALS_LAST, ITS_ACCURACY, [TOY_RIGHT, BEST_ROW_RIGHT]),
+    (MID_RUN_BEST, BEST_EPOCH, "accuracy", [ACCURACY_RIGHT]),  # the best trial's last checkpoint, section 08's accuracy
+])
+def test_lesson_11_exercise_3_fails_on_the_best_trial_s_last_result_or_checkpoint(tmp_path, capsys, curves, body,
+                                                                                   best_epoch_accuracy, wrong):
+    namespace = lesson_11_results(tmp_path, curves)
+    define(namespace, "best_epoch(history)", body)
+    exec(f"best_row = best_epoch(history)\nbest_epoch_accuracy = {best_epoch_accuracy}\n", namespace)
+    results = run_check_cell("11_hyperparameter_search.ipynb", "exercise_3", namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 # ---- 12 · exercise 1: the global batch stays the same with micro-batches, not only with more workers ---------------
 
 @pytest.mark.parametrize("answer,wrong", [
