@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import ray
 import ray.tune
-from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, LoggingConfig, Result, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.util.state import list_actors
@@ -291,7 +291,11 @@ def print_search(results: ray.tune.ResultGrid, experiment_path: str, metric: str
     best = results.get_best_result(metric=metric, mode="max")
     print(f"best trial: {best.metrics['trial_id']}, lr={best.config['lr']:.2e}, "
           f"global_batch_size={best.config['global_batch_size']}, {metric}={best.metrics[metric]:.4f}")
-    print(f"its checkpoint: {best.metrics[CHECKPOINT_PATH]}")
+    # From the trial's run, not from Tune's last result: an epoch that ended while Tune stopped the trials (Ctrl-C)
+    # is in the run's checkpoints only, and the checkpoint Tune last saw may be deleted since (num_to_keep).
+    checkpoint, metrics = best_kept_checkpoint(f"{experiment_path}-{best.metrics['trial_id']}", metric)
+    print(f"its best checkpoint: epoch {metrics['epoch']}, {metric}={metrics[metric]:.4f}, "
+          f"{storage.uri(checkpoint.path, checkpoint.filesystem)}")
     nodes = sorted(set(history["node_id"].dropna()))
     print(f"the trials' rank 0 ran on {len(nodes)} node(s): {', '.join(node[:8] for node in nodes)}")
     statuses = trial_statuses(experiment_path)
@@ -300,6 +304,14 @@ def print_search(results: ray.tune.ResultGrid, experiment_path: str, metric: str
         print(f"interrupted: {done} of {len(statuses)} trials finished. To continue, run the same command with "
               f"--name {storage.basename(experiment_path)}")
     return done == len(statuses)
+
+
+def best_kept_checkpoint(run_path: str, metric: str) -> tuple[Checkpoint, dict[str, Any]]:
+    """The checkpoint of a Ray Train run, among those still kept, with the highest `metric`, and its metrics."""
+    filesystem, path = storage.resolve(run_path)
+    with logger_level(ray_internals.TRAIN_CHECKPOINT_MANAGER_LOGGER, logging.WARNING):  # not "will resume from it"
+        run = Result.from_path(path, storage_filesystem=filesystem)
+    return max(run.best_checkpoints, key=lambda kept: kept[1][metric])
 
 
 @contextlib.contextmanager

@@ -422,9 +422,12 @@ def test_the_best_checkpoint_loads_and_reproduces_its_accuracy(continued_search:
     from helpers.training import evaluate
     from helpers.tuning import SMOKE_SEARCH_ROWS
 
+    # The best trial's best checkpoint as its run kept it: an epoch that ended while Ctrl-C stopped the trials is in
+    # the run's checkpoints only, and may have replaced (num_to_keep) the checkpoint Tune's last result names.
     stdout = continued_search["second"].stdout
-    reported = float(re.search(r"^best trial: .*test_acc=([\d.]+)$", stdout, re.MULTILINE).group(1))
-    path = re.search(r"^its checkpoint: (.+)$", stdout, re.MULTILINE).group(1)
+    best = re.search(r"^its best checkpoint: epoch \d+, test_acc=([\d.]+), (.+)$", stdout, re.MULTILINE)
+    assert best, stdout[-3000:]
+    reported, path = float(best.group(1)), best.group(2)
     model = load_model(Checkpoint(path))
     # The rows the trials validated on: the first SMOKE_SEARCH_ROWS["valid"] test images, in file order.
     test_images = Subset(load_mnist(course_env["COURSE_DATA_DIR"], train=False), range(SMOKE_SEARCH_ROWS["valid"]))

@@ -29,6 +29,7 @@ from helpers.tuning import (
     InterruptMidSearch,
     ResultOrder,
     asha_decisions,
+    best_kept_checkpoint,
     check_search_resources,
     plan_search,
     search_state,
@@ -239,3 +240,19 @@ def test_tune_script_flags_default_to_the_mode(monkeypatch):
     for wrong in (["--epochs", "2"], ["--num-samples", "0"], ["--max-concurrent-trials", "0"]):
         with pytest.raises(SystemExit):
             parse_tune_args("x", wrong)
+
+
+def test_the_best_kept_checkpoint_comes_from_the_run_not_from_tune_s_last_result(tmp_path):
+    # A trial stopped by Ctrl-C after Tune had its epoch 1: its run still finished epoch 2, whose checkpoint, the best
+    # and the latest, replaced epoch 1's (num_to_keep=1). Tune's last result names epoch 1's, deleted since.
+    from tests.test_exercise_checks import write_run_folder
+
+    run = tmp_path / "search-00000"
+    reports = [(f"checkpoint_{epoch}", {"epoch": epoch, "test_acc": acc}) for epoch, acc in enumerate([0.5, 0.7, 0.8])]
+    write_run_folder(run, reports, [2], history=False)
+    checkpoint, metrics = best_kept_checkpoint(str(run), "test_acc")
+    assert (metrics["epoch"], metrics["test_acc"], checkpoint.path) == (2, 0.8, str(run / "checkpoint_2"))
+    # Kept: the best by test_acc (epoch 1) and the latest (epoch 2): the best, not the latest.
+    reports = [(f"checkpoint_{epoch}", {"epoch": epoch, "test_acc": acc}) for epoch, acc in enumerate([0.5, 0.9, 0.8])]
+    write_run_folder(tmp_path / "kept-two", reports, [1, 2], history=False)
+    assert best_kept_checkpoint(str(tmp_path / "kept-two"), "test_acc")[1]["epoch"] == 1
