@@ -59,9 +59,6 @@ DRIVER_RESOURCES = {"cpu": 0, "memory": 1024**3}
 #: laptop. Smoke mode's cut is smaller still.
 SEARCH_ROWS = SIZES["full"]["search_rows"]
 SMOKE_SEARCH_ROWS = SIZES["smoke"]["search_rows"]
-#: The metric `TuneReportCallback` adds to a result that came with a checkpoint (Ray 2.60,
-#: ray/tune/integration/ray_train.py: CHECKPOINT_PATH_KEY).
-CHECKPOINT_PATH = "checkpoint_path"
 
 
 def train_driver(config: dict, datasets: dict, scaling_config: ScalingConfig, storage_path: str,

@@ -278,13 +278,15 @@ def tune_trial_actor_id(trial: Any) -> str | None:
 #: The logger of Ray Train's PlacementGroupCleaner, the actor that frees a run's workers' resources when the run's
 #: controller dies without doing it (Ray 2.60, train/v2/_internal/execution/controller/placement_group_cleaner.py).
 TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+#: How its routine cleanup message begins, logged at WARNING each time it frees one: every time Ray Tune stops a
+#: trial (ASHA's decision, the end of a search), the trial's driver and its Ray Train controller end with it.
+TRAIN_PLACEMENT_GROUP_CLEANUP = "Detected that the Ray Train controller actor"
+
 # no public API: `Result.from_path` logs, at INFO and from a private module's logger, that it found the run's snapshot
 # and will resume from it, as if a new run were starting
 #: The logger of Ray Train's checkpoint manager (Ray 2.60, train/v2/_internal/execution/checkpoint/checkpoint_manager.py).
 TRAIN_CHECKPOINT_MANAGER_LOGGER = "ray.train.v2._internal.execution.checkpoint.checkpoint_manager"
-#: How its routine cleanup message begins, logged at WARNING each time it frees one: every time Ray Tune stops a
-#: trial (ASHA's decision, the end of a search), the trial's driver and its Ray Train controller end with it.
-TRAIN_PLACEMENT_GROUP_CLEANUP = "Detected that the Ray Train controller actor"
+
 
 def train_resources_per_worker(scaling_config: ScalingConfig) -> dict[str, float]:
     """What Ray Train reserves for each worker of `scaling_config`, by Ray Train's own rule (its defaults filled in)."""
