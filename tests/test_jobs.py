@@ -5,13 +5,15 @@ Lesson 02's script is submitted for real through the REST API with `requests`, i
 test zips and uploads itself: it must succeed, print its summary and leave its checkpoint on the storage path given
 in its runtime env; the `ray` CLI then reports, lists and deletes it. A long job is stopped and its driver ends;
 nothing is left running. (Lesson 07 itself, under nbval, trains through the CLI and the SDK and asserts their
-outcome, stops a training run through REST, and shows the error of a job without a storage path.)
+outcome, stops a training run through REST, and shows the error of a job without a storage path.) Lesson 07's
+exercises 1 and 2: their checks, run on this cluster, fail on the mistakes they target.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 import subprocess
 import zipfile
 from collections.abc import Iterator
@@ -178,3 +180,86 @@ def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster
     response = requests.delete(f"{cluster.dashboard_url}/api/jobs/long",
                                headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30)
     assert response.status_code == 200 and response.json() == {"deleted": True}
+
+
+# ---- Lesson 07's exercises 1 and 2: each check, on this cluster, fed the typical mistakes and the solution ----------
+
+@pytest.fixture
+def lesson_07(cluster: LocalCluster, client: JobSubmissionClient) -> Iterator[dict]:
+    """What lesson 07's cells leave for its exercises: `client`, `JobStatus` and the lesson's own wait_for_job; the
+    exercise's jobs are stopped and deleted afterwards (a submission id can be used once)."""
+    from tests.test_exercise_checks import lesson_cell
+
+    namespace: dict = {"client": client, "JobStatus": JobStatus, "JobSubmissionClient": JobSubmissionClient}
+    exec(lesson_cell("07_ray_jobs.ipynb", "def wait_for_job("), namespace)
+    before = {job.submission_id for job in client.list_jobs()}
+    yield namespace
+    for job in client.list_jobs():
+        if job.submission_id not in before:
+            client.stop_job(job.submission_id)
+            terminal_status(client, job.submission_id, timeout_s=60)
+            client.delete_job(job.submission_id)
+    # delete_job keeps the job's log file, and a new job of the same submission id appends to it (Ray 2.60): the next
+    # answer's check would read this one's lines. Remove them, as a fresh cluster would not have them.
+    assert cluster.temp_dir is not None
+    for log in cluster.temp_dir.glob("session_*/logs/job-driver-*.log"):
+        if log.name.removeprefix("job-driver-").removesuffix(".log") not in before:
+            log.unlink()
+
+
+SUBMIT = 'exercise_1_job = client.submit_job(entrypoint={entrypoint!r}, submission_id="exercise-1"{runtime_env})\n'
+WITH_ENV = ', runtime_env={"env_vars": {"GREETING": "hello"}}'
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    (SUBMIT.format(entrypoint="echo $GREETING", runtime_env=WITH_ENV), []),
+    (SUBMIT.format(entrypoint="GREETING=hello echo $GREETING", runtime_env=""),  # the shell expands it first: ""
+     ["its runtime env sets GREETING=hello", "its log has the line hello"]),
+    ('os.environ["GREETING"] = "hello"\n'  # this process's environment, not the cluster's
+     + SUBMIT.format(entrypoint="echo $GREETING", runtime_env=""),
+     ["its runtime env sets GREETING=hello", "its log has the line hello"]),
+    (SUBMIT.format(entrypoint="echo GREETING", runtime_env=WITH_ENV), ["its log has the line hello"]),  # no $
+    (SUBMIT.format(entrypoint="echo $GREETING", runtime_env=WITH_ENV).replace(', submission_id="exercise-1"', ""),
+     ["the job exercise-1 succeeds", "its runtime env sets GREETING=hello",  # a raysubmit_... id: no exercise-1
+      "its log has the line hello"]),
+])
+def test_lesson_07_exercise_1_fails_when_greeting_is_not_in_the_runtime_env(lesson_07, capsys, answer, wrong,
+                                                                            monkeypatch):
+    from tests.test_exercise_checks import failed, run_check_cell
+
+    monkeypatch.setenv("GREETING", "")  # recorded as it was before (unset), to be put back whatever the answer sets
+    monkeypatch.delenv("GREETING")
+    lesson_07["os"] = os
+    exec(answer, lesson_07)
+    results = run_check_cell("07_ray_jobs.ipynb", "exercise_1", lesson_07, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+WAIT_FOR_STOPPED = """
+client.stop_job(submission_id)
+deadline = time.monotonic() + timeout_s
+while client.get_job_status(submission_id) != JobStatus.STOPPED:
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"{submission_id} is not STOPPED")
+    time.sleep(1)
+return JobStatus.STOPPED"""
+
+
+@pytest.mark.parametrize("body,wrong", [
+    ("client.stop_job(submission_id)\nreturn wait_for_job(client, submission_id, timeout_s)", []),
+    ("return wait_for_job(client, submission_id, timeout_s)", ["a running job ends STOPPED"]),  # never stopped
+    ("client.stop_job(submission_id)\nreturn JobStatus.STOPPED", ["a finished job keeps its status"]),  # no wait
+    (WAIT_FOR_STOPPED, ["a finished job keeps its status"]),  # waits for STOPPED, which a finished job never becomes
+])
+def test_lesson_07_exercise_2_fails_when_not_stopped_or_a_finished_job_is_called_stopped(lesson_07, capsys, body,
+                                                                                        wrong):
+    from tests.test_exercise_checks import failed, run_check_cell
+
+    client = lesson_07["client"]
+    client.submit_job(entrypoint="echo hello", submission_id="lesson07-one-cpu")  # section 05's job, finished
+    assert terminal_status(client, "lesson07-one-cpu", timeout_s=120) == JobStatus.SUCCEEDED
+    # A 5 s default instead of the exercise's 60: a wrong answer that waits gives up sooner, as it would at 60.
+    exec("import time\ndef stop_and_wait(client, submission_id, timeout_s=5):\n"
+         + "\n".join("    " + line for line in body.strip().splitlines()), lesson_07)
+    results = run_check_cell("07_ray_jobs.ipynb", "exercise_2", lesson_07, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
