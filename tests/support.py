@@ -14,12 +14,15 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import nbformat
 import psutil
 
 from helpers.cluster import Capacity, plan_workers
 from helpers.config import REPO_ROOT, load_config
+from helpers.exercises import check, expect_equal
 from helpers.system import free_ports
 from helpers.tooling.local_cluster import LocalCluster
 
@@ -135,3 +138,74 @@ def passed_over_line(file: Path, address: str, why: str) -> str:
 
 #: test_streaming: a synthetic dataset of 2 MiB, 168 images.
 TINY_GB = 0.002
+
+
+# --- Exercise checks: a lesson's check cell run on an answer (tests/test_exercise_checks*.py, tests/test_jobs.py) ---
+
+#: The lessons.
+NOTEBOOKS = REPO_ROOT / "notebooks"
+
+
+def lesson_cell(notebook: str, *markers: str) -> str:
+    """The one code cell of lesson `notebook` whose source has every one of `markers`, as the learner runs it."""
+    cells = [cell.source for cell in nbformat.read(NOTEBOOKS / notebook, as_version=4).cells
+             if cell.cell_type == "code" and all(marker in cell.source for marker in markers)]
+    assert len(cells) == 1, f"{notebook}: {len(cells)} cells have {markers}"
+    return cells[0]
+
+
+def run_check_cell(notebook: str, defines: str, answer: dict[str, Any], capsys) -> dict[str, bool]:
+    """Run the one cell of `notebook` that defines `defines` (`exercise_1 = {`) in the namespace `answer` (it keeps
+    what the cell defines), and return what its check printed: each expectation -> whether it held."""
+    source = lesson_cell(notebook, f"{defines} = ", "check(")
+    answer.setdefault("check", check)
+    answer.setdefault("expect_equal", expect_equal)
+    exec(source, answer)
+    lines = capsys.readouterr().out.splitlines()
+    expectations = [line[len("  - "):] for line in lines[1:] if line.startswith("  - ")]
+    if lines[0].startswith("✓"):
+        return dict.fromkeys(expectations, True)
+    assert lines[0].startswith("✗"), lines
+    return {line: False for line in expectations}  # a "not yet" lists only what does not hold
+
+
+def failed(results: dict[str, bool]) -> list[str]:
+    return [what for what, held in results.items() if not held]
+
+
+# --- A finished Ray Train run's folder, written without Ray (tests/test_exercise_checks.py, tests/test_tuning.py) ---
+
+def write_run_folder(folder: Path, reports: list[tuple[str, dict[str, Any]]], on_disk: list[int],
+                     history: bool) -> None:
+    """A finished run's folder as Ray Train 2.60 leaves it: a folder per checkpoint still on disk, and its snapshot
+    (checkpoint_manager_snapshot.json, the one `Result.from_path` reads) listing them by test_acc, worst first, and
+    the last report's as the latest. The lesson's recorded folders have this layout; Ray Train's controller writes
+    it, with Ray running, so here it is written from the same fields. With `history`, the course's MetricsHistory
+    records every report, as the lesson's run does (exercise 1's has no callback)."""
+    import json
+
+    import ray
+    from ray.train import Checkpoint
+
+    from helpers.results import MetricsHistory
+
+    folder.mkdir(parents=True)
+    for index in on_disk:
+        (folder / reports[index][0]).mkdir()
+        (folder / reports[index][0] / "score.txt").write_text(str(reports[index][1]["test_acc"]))
+    by_score = sorted(on_disk, key=lambda index: reports[index][1]["test_acc"])
+
+    def state(index: int) -> dict[str, Any]:
+        return {"version": 0, "checkpoint_dir_name": reports[index][0], "metrics": reports[index][1]}
+
+    (folder / "checkpoint_manager_snapshot.json").write_text(json.dumps({
+        "ray_version": ray.__version__, "checkpoint_results": [state(index) for index in by_score],
+        "checkpoint_report_indices": by_score, "latest_checkpoint_result": state(len(reports) - 1),
+        "pending_training_results": [], "pending_validation_specs": [], "current_report_index": len(reports),
+        "validated_checkpoint_dir_names": [], "timed_out_validation_checkpoint_dir_names": [],
+        "failed_validation_checkpoint_dir_names": []}))
+    if history:
+        run_config = SimpleNamespace(storage_path=str(folder.parent), name=folder.name)
+        run_context = SimpleNamespace(get_run_config=lambda: run_config)  # what the controller passes callbacks
+        for name, metrics in reports:
+            MetricsHistory().after_report(run_context, [metrics], Checkpoint(str(folder / name)))

@@ -9,7 +9,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-from tests.test_exercise_checks import failed, run_check_cell
+from tests.support import failed, run_check_cell
 
 pytestmark = pytest.mark.ray
 

@@ -28,7 +28,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from helpers.config import REPO_ROOT
 from helpers.system import wait_until
 from helpers.tooling.local_cluster import RAY_CLI, LocalCluster
-from tests.support import clean_env, running, stopped_after
+from tests.support import clean_env, failed, lesson_cell, run_check_cell, running, stopped_after
 
 pytestmark = pytest.mark.ray  # every test here uses the module's cluster
 
@@ -188,8 +188,6 @@ def test_a_long_running_job_is_stopped_and_its_driver_ends(cluster: LocalCluster
 def lesson_07(cluster: LocalCluster, client: JobSubmissionClient) -> Iterator[dict]:
     """What lesson 07's cells leave for its exercises: `client`, `JobStatus` and the lesson's own wait_for_job; the
     exercise's jobs are stopped and deleted afterwards (a submission id can be used once)."""
-    from tests.test_exercise_checks import lesson_cell
-
     namespace: dict = {"client": client, "JobStatus": JobStatus, "JobSubmissionClient": JobSubmissionClient}
     exec(lesson_cell("07_ray_jobs.ipynb", "def wait_for_job("), namespace)
     before = {job.submission_id for job in client.list_jobs()}
@@ -225,8 +223,6 @@ WITH_ENV = ', runtime_env={"env_vars": {"GREETING": "hello"}}'
 ])
 def test_lesson_07_exercise_1_fails_when_greeting_is_not_in_the_runtime_env(lesson_07, capsys, answer, wrong,
                                                                             monkeypatch):
-    from tests.test_exercise_checks import failed, run_check_cell
-
     monkeypatch.setenv("GREETING", "")  # recorded as it was before (unset), to be put back whatever the answer sets
     monkeypatch.delenv("GREETING")
     lesson_07["os"] = os
@@ -253,8 +249,6 @@ return JobStatus.STOPPED"""
 ])
 def test_lesson_07_exercise_2_fails_when_not_stopped_or_a_finished_job_is_called_stopped(lesson_07, capsys, body,
                                                                                         wrong):
-    from tests.test_exercise_checks import failed, run_check_cell
-
     client = lesson_07["client"]
     client.submit_job(entrypoint="echo hello", submission_id="lesson07-one-cpu")  # section 05's job, finished
     assert terminal_status(client, "lesson07-one-cpu", timeout_s=120) == JobStatus.SUCCEEDED

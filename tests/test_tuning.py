@@ -35,6 +35,7 @@ from helpers.tuning import (
     search_state,
     trial_table,
 )
+from tests.support import write_run_folder
 
 LAPTOP = Capacity(nodes=[{"CPU": 2.0}])
 #: tests/test_multinode.py's cluster: a head with no CPU, two worker nodes with 1 CPU each.
@@ -245,8 +246,6 @@ def test_tune_script_flags_default_to_the_mode(monkeypatch):
 def test_the_best_kept_checkpoint_comes_from_the_run_not_from_tune_s_last_result(tmp_path):
     # A trial stopped by Ctrl-C after Tune had its epoch 1: its run still finished epoch 2, whose checkpoint, the best
     # and the latest, replaced epoch 1's (num_to_keep=1). Tune's last result names epoch 1's, deleted since.
-    from tests.test_exercise_checks import write_run_folder
-
     run = tmp_path / "search-00000"
     reports = [(f"checkpoint_{epoch}", {"epoch": epoch, "test_acc": acc}) for epoch, acc in enumerate([0.5, 0.7, 0.8])]
     write_run_folder(run, reports, [2], history=False)
