@@ -216,6 +216,35 @@ def test_setup_joins_with_the_token_sizes_per_node_and_ships_helpers(course_env:
         assert len(node["py_modules"]) == 1 and node["py_modules"][0].startswith("gcs://_ray_pkg_"), node
 
 
+#: Lesson 05's section 07 on a cluster: setup(), one spot node added and removed, what the cluster saw, as JSON.
+SPOT_DRIVER = """
+import json, ray, psutil
+from helpers import setup
+from helpers.fault_tolerance import SpotNodes
+from helpers.system import wait_until
+
+setup()
+spot = SpotNodes()
+node_id = spot.add()
+temp_dir = str(spot._nodes[node_id])
+joined = ray.cluster_resources().get("spot", 0)
+spot.remove()
+gone = wait_until(lambda: not any(node["Alive"] for node in ray.nodes() if node["NodeID"] == node_id), 60, 0.5)
+left = [proc.pid for proc in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(proc.info["cmdline"] or [])]
+print(json.dumps({"joined": joined, "gone": gone, "left": left, "events": [e["event"] for e in spot.events],
+                  "alive": sum(node["Alive"] for node in ray.nodes())}))
+"""
+
+
+def test_a_spot_node_joins_the_cluster_with_its_token_and_leaves_it(course_env: dict[str, str]) -> None:
+    # Lesson 05's SpotNodes from a driver of this cluster, as from a notebook on its head node: the node joins through
+    # the GCS address and the driver's token, and ending it leaves no process behind and the other three nodes alive.
+    result = run_driver(SPOT_DRIVER, course_env, timeout_s=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = last_json_line(result.stdout)
+    assert found == {"joined": 1.0, "gone": True, "left": [], "events": ["node joined", "node left"], "alive": 3}
+
+
 #: setup() with no RAY_ADDRESS, then what the course made of the cluster it found, as JSON.
 RECORDED_DRIVER = """
 import json, os
