@@ -34,6 +34,13 @@ from helpers.tooling import ray_internals
 DASHBOARD_HOST = "127.0.0.1"
 #: Ray Train's switch for its preemption watcher (read from the driver's environment at every fit()).
 PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+#: A local Ray's Jobs API needs its dashboard agent on port 52365 (ray.init() has no option for it). When the port
+#: is taken, the agent runs without it: start_ray tries again this many times in all, this many seconds apart.
+JOBS_AGENT_TRIES, JOBS_AGENT_RETRY_S = 2, 2.0
+JOBS_AGENT_OFF = (
+    "Warning: this Ray's Jobs API is off. Its dashboard agent could not listen on port 52365, which another process "
+    "holds (another local Ray on this machine?), so submitting a job here fails with 'No available agent to submit "
+    "job'. To fix it: end that process (`ss -ltnp 'sport = :52365'` names it), then restart the kernel.")
 #: The dashboard address of the Ray this kernel started or joined, kept for re-runs of setup().
 _dashboard_url: str | None = None
 
@@ -218,6 +225,8 @@ def _started(context: Any) -> None:
     # background, the first fit() of the session does not time out while it starts (see helpers.cluster).
     ray_internals.autoscaling_coordinator()
     quiet_driver_logs()  # from here on, Ray's warnings (not its info chatter) reach the notebook
+    if _target is not None and not _target.address and ray_internals.jobs_agent_port() == -1:
+        print(JOBS_AGENT_OFF)
 
 
 def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> float:
@@ -241,8 +250,13 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
     if object_store_memory is not None:
         local["object_store_memory"] = object_store_memory
     started = time.perf_counter()
-    # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
-    context = ray.init(address=address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
+    for attempt in range(1, JOBS_AGENT_TRIES + 1):
+        # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
+        context = ray.init(address=address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
+        if target.address or attempt == JOBS_AGENT_TRIES or ray_internals.jobs_agent_port() != -1:
+            break
+        ray.shutdown()  # the agent's port was taken, most often by a passing connection: a new start gets it
+        time.sleep(JOBS_AGENT_RETRY_S)
     _started(context)
     return time.perf_counter() - started
 

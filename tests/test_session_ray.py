@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import subprocess
+import sys
 import time
 from unittest.mock import patch
 
@@ -13,7 +15,8 @@ import ray
 
 from helpers import load_config, setup
 from helpers.cluster import plan_workers
-from helpers.session import PREEMPTION_WATCHER_VAR, dashboard_get, name_this_cluster
+from helpers.config import REPO_ROOT
+from helpers.session import JOBS_AGENT_OFF, PREEMPTION_WATCHER_VAR, dashboard_get, name_this_cluster
 from helpers.tooling import ray_internals
 
 pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
@@ -150,3 +153,20 @@ def test_a_worker_that_inherits_ray_address_local_names_its_cluster_instead(ray_
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     name_this_cluster()
     assert os.environ["RAY_ADDRESS"] == "10.0.0.5:6379", "an address someone set stays"
+
+
+def test_a_second_local_ray_says_its_jobs_api_is_off(ray_setup):
+    # This module's Ray holds port 52365 with its dashboard agent, the port every local Ray's agent takes, the one
+    # the Jobs API needs. A second local Ray on the machine (another kernel's) starts twice, then says so.
+    setup()
+    assert ray_internals.jobs_agent_port() == 52365
+    second = ("from helpers import setup\nsetup()\n"
+              "from ray.job_submission import JobSubmissionClient\nfrom helpers.session import dashboard_url\n"
+              "try:\n    JobSubmissionClient(dashboard_url()).submit_job(entrypoint='true')\n"
+              "except RuntimeError as error:\n    print(error)\n")
+    env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", second], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert JOBS_AGENT_OFF in done.stdout
+    assert "No available agent to submit job" in done.stdout, done.stdout

@@ -50,6 +50,11 @@ PRIVATE_APIS = (
     ("ray._common.utils", "get_ray_address_file"),
     ("ray._private.utils", "read_ray_address"),
     ("ray._private.runtime_env.constants", "RAY_JOB_CONFIG_JSON_ENV_VAR"),
+    ("ray._raylet", "DASHBOARD_AGENT_LISTEN_PORT_NAME"),
+    ("ray._raylet", "wait_for_persisted_port"),
+    ("ray._private.worker", "global_worker"),
+    ("ray._private.node", "Node.get_session_dir_path"),
+    ("ray._private.node", "Node.node_id"),
     ("ray.train.v2._internal.execution.context", "logger"),
     ("ray._private.authentication.authentication_token_setup", "_enable_token_auth"),
     ("ray._private.authentication.authentication_utils", "is_token_auth_enabled"),
@@ -207,6 +212,23 @@ def submitted_job_config() -> dict[str, Any] | None:
 
     raw = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
     return json.loads(raw) if raw else None
+
+
+def jobs_agent_port(timeout_s: float = 30.0) -> int | None:
+    """The HTTP port of the dashboard agent of the Ray this driver started, which serves the Jobs API's requests;
+    -1 when the agent could not bind its port (52365: `ray.init()` has no option for it, so a second local Ray on
+    the machine, or any socket there on that port, leaves it taken); None when the agent did not say within
+    timeout_s (it says as it starts)."""
+    # no public API: the agent persists its port in the session dir (dashboard/agent.py, persist_port), -1 on failure
+    from ray._private.worker import global_worker
+    from ray._raylet import DASHBOARD_AGENT_LISTEN_PORT_NAME, wait_for_persisted_port  # type: ignore[attr-defined]
+
+    node = global_worker.node
+    try:
+        return wait_for_persisted_port(node.get_session_dir_path(), node.node_id, DASHBOARD_AGENT_LISTEN_PORT_NAME,
+                                       timeout_ms=int(timeout_s * 1000))
+    except RuntimeError:  # "Timed out waiting for file ..."
+        return None
 
 
 def enable_token_auth() -> None:
