@@ -12,7 +12,6 @@ kills a worker process, and `press_ctrl_c_when_checkpointed` stops a training sc
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import json
 import os
@@ -42,7 +41,7 @@ from torch import nn
 from helpers.ingest import DTYPES, evaluate_shard
 from helpers.models import resnet18_mnist
 from helpers.results import latest_checkpoint_metrics, read_history
-from helpers.system import wait_until
+from helpers.system import end_processes, processes_naming, wait_until
 from helpers.tooling import ray_internals
 
 
@@ -334,25 +333,9 @@ class SpotNodes:
 
 
 def _end_processes(temp_dir: Path) -> None:
-    """SIGTERM the processes of the node started in `temp_dir` (those naming it, and their children), SIGKILL those
-    left after 10 s, then delete the folder."""
-    mark = str(temp_dir)
-    found: dict[int, psutil.Process] = {}
-    for proc in psutil.process_iter(["cmdline"]):
-        if proc.pid != os.getpid() and any(mark in part for part in proc.info["cmdline"] or []):
-            found[proc.pid] = proc
-    for proc in list(found.values()):
-        with contextlib.suppress(psutil.Error):
-            found.update((child.pid, child) for child in proc.children(recursive=True))
-    procs = list(found.values())
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    _, left = psutil.wait_procs(procs, timeout=10)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(left, timeout=5)
+    """End the processes of the node started in `temp_dir` (those naming it, and their children): SIGTERM, SIGKILL
+    those left after 10 s; then delete the folder."""
+    end_processes(processes_naming(re.compile(re.escape(str(temp_dir)) + r"(?![\w.-])")))
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 

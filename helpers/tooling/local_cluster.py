@@ -31,14 +31,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 import psutil
 from ray.util import get_node_ip_address
 
-from helpers.system import free_ports, wait_until
+from helpers.system import end_processes, free_ports, processes_naming
 from helpers.tooling.ray_internals import gcs_address
 
 #: The Ray CLI of this Python environment.
@@ -226,18 +225,7 @@ class LocalCluster:
         marks = [re.escape(str(self.temp_dir)) + r"(?![\w.-])"]
         if self.address:
             marks.append(r"(?<![\w.])" + re.escape(self.address) + r"(?!\d)")
-        mentions_cluster = re.compile("|".join(marks))
-        found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["cmdline"]):
-            # Never this process, whatever its arguments say: stop() must not end its caller.
-            if proc.pid != os.getpid() and mentions_cluster.search(" ".join(proc.info["cmdline"] or [])):
-                found[proc.pid] = proc
-        for proc in list(found.values()):
-            try:
-                found.update((child.pid, child) for child in proc.children(recursive=True))
-            except psutil.Error:
-                pass
-        return list(found.values())
+        return processes_naming(re.compile("|".join(marks)))
 
     def stop(self) -> None:
         """Stop this cluster's processes (not any other Ray on the machine) and delete its temp dir; idempotent."""
@@ -248,9 +236,9 @@ class LocalCluster:
         # The autoscaler first, so that it adds no node while the others stop; then `ray stop`'s order: the raylets
         # (their workers and agents follow them), everything else, and the GCS last, which the others report to.
         for stage in ("autoscaler", "raylet", "other", "gcs_server"):
-            _terminate([proc for proc, role in roles.items() if role == stage])
+            end_processes([proc for proc, role in roles.items() if role == stage], STOP_GRACE_S)
         # Anything started meanwhile (a worker, a node the autoscaler was adding) gets no grace period.
-        _terminate(self.processes(), grace_s=0)
+        end_processes(self.processes(), grace_s=0)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         self.temp_dir = None
         self.address = self.dashboard_url = ""
@@ -279,37 +267,3 @@ def _role(proc: psutil.Process) -> str:
     if name in ("raylet", "gcs_server"):
         return name
     return "autoscaler" if re.search(r"autoscaler\S*[/\\]monitor\.py", cmdline) else "other"
-
-
-def _running(proc: psutil.Process) -> bool:
-    """Whether `proc` still runs; a zombie does not (its parent, init or the autoscaler, reaps it in its own time)."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Wait up to `timeout_s` for `procs` to end; return the ones still running."""
-    try:
-        wait_until(lambda: not any(_running(proc) for proc in procs), timeout_s, 0.1, what="the processes ending")
-    except TimeoutError:
-        pass
-    return [proc for proc in procs if _running(proc)]
-
-
-def _terminate(procs: list[psutil.Process], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM `procs`, wait up to `grace_s` for them to end, then SIGKILL the ones left."""
-    _send(procs, psutil.Process.terminate)
-    left = _wait(procs, grace_s)
-    _send(left, psutil.Process.kill)
-    _wait(left, 5)
-
-
-def _send(procs: list[psutil.Process], signal_: Callable[[psutil.Process], None]) -> None:
-    """Send a signal (psutil's `terminate` or `kill`) to each of `procs` that still exists."""
-    for proc in procs:
-        try:
-            signal_(proc)
-        except psutil.NoSuchProcess:
-            pass
