@@ -38,9 +38,11 @@ PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 #: is taken, the agent runs without it: start_ray tries again this many times in all, this many seconds apart.
 JOBS_AGENT_TRIES, JOBS_AGENT_RETRY_S = 2, 2.0
 JOBS_AGENT_OFF = (
-    "Warning: this Ray's Jobs API is off. Its dashboard agent could not listen on port 52365, which another process "
-    "holds (another local Ray on this machine?), so submitting a job here fails with 'No available agent to submit "
-    "job'. To fix it: end that process (`ss -ltnp 'sport = :52365'` names it), then restart the kernel.")
+    "Warning: this Ray's Jobs API is off. Its dashboard agent could not listen on port 52365, so submitting, stopping "
+    "or deleting a job here fails (a submission says 'No available agent to submit job'). Another local Ray on this machine holds the "
+    "port, or a connection held it for a moment: `ss -tanp 'sport = :52365'` names the process. To fix it: end that "
+    "process, or restart the kernel if none is listed; to keep the other Ray, start this one with `ray start --head "
+    "--dashboard-agent-listen-port=0` and set RAY_ADDRESS to the address it prints.")
 #: The dashboard address of the Ray this kernel started or joined, kept for re-runs of setup().
 _dashboard_url: str | None = None
 
@@ -254,7 +256,7 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
         # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
         context = ray.init(address=address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
         if target.address or attempt == JOBS_AGENT_TRIES or ray_internals.jobs_agent_port() != -1:
-            break
+            break  # joined a cluster (its head's agent is the cluster's), or tried enough (_started says so), or up
         ray.shutdown()  # the agent's port was taken, most often by a passing connection: a new start gets it
         time.sleep(JOBS_AGENT_RETRY_S)
     _started(context)

@@ -214,7 +214,7 @@ def submitted_job_config() -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
-def jobs_agent_port(timeout_s: float = 30.0) -> int | None:
+def jobs_agent_port(timeout_s: float = 10.0) -> int | None:
     """The HTTP port of the dashboard agent of the Ray this driver started, which serves the Jobs API's requests;
     -1 when the agent could not bind its port (52365: `ray.init()` has no option for it, so a second local Ray on
     the machine, or any socket there on that port, leaves it taken); None when the agent did not say within
