@@ -16,7 +16,7 @@ it lists:
     05_fault_tolerance                    exercises, fault_tolerance, ingest, models, results, runs
     06_observability_and_troubleshooting  cluster, display, exercises, ingest, models, runs, session, storage,
                                           troubleshooting
-    07_ray_jobs                           data, exercises, storage, tooling.local_cluster
+    07_ray_jobs                           data, exercises, logs, storage, tooling.local_cluster
     08_kuberay                            config, data, exercises, tooling.kuberay
     09_capstone_cifar10_vit               capstone, cifar, cluster, config, display, exercises, fault_tolerance, ingest,
                                           plots, results, runs, session, sizes, storage, training

@@ -205,27 +205,34 @@ def lesson_07(cluster: LocalCluster, client: JobSubmissionClient) -> Iterator[di
             log.unlink()
 
 
-SUBMIT = 'exercise_1_job = client.submit_job(entrypoint={entrypoint!r}, submission_id="exercise-1"{runtime_env})\n'
+SUBMIT = 'exercise_1_job = client.submit_job(entrypoint={entrypoint!r}{runtime_env})\n'
 WITH_ENV = ', runtime_env={"env_vars": {"GREETING": "hello"}}'
+PRINTED = "it printed the line hello, and only that"
 
 
 @pytest.mark.parametrize("answer,wrong", [
     (SUBMIT.format(entrypoint="echo $GREETING", runtime_env=WITH_ENV), []),
+    (SUBMIT.format(entrypoint='echo "${GREETING}"', runtime_env=WITH_ENV), []),  # the same command, spelled out
     (SUBMIT.format(entrypoint="GREETING=hello echo $GREETING", runtime_env=""),  # the shell expands it first: ""
-     ["its runtime env sets GREETING=hello", "its log has the line hello"]),
+     ["it runs echo $GREETING", "its runtime env sets GREETING=hello", PRINTED]),
     ('os.environ["GREETING"] = "hello"\n'  # this process's environment, not the cluster's
      + SUBMIT.format(entrypoint="echo $GREETING", runtime_env=""),
-     ["its runtime env sets GREETING=hello", "its log has the line hello"]),
-    (SUBMIT.format(entrypoint="echo GREETING", runtime_env=WITH_ENV), ["its log has the line hello"]),  # no $
-    (SUBMIT.format(entrypoint="echo $GREETING", runtime_env=WITH_ENV).replace(', submission_id="exercise-1"', ""),
-     ["the job exercise-1 succeeds", "its runtime env sets GREETING=hello",  # a raysubmit_... id: no exercise-1
-      "its log has the line hello"]),
+     ["its runtime env sets GREETING=hello", PRINTED]),
+    (SUBMIT.format(entrypoint="echo GREETING", runtime_env=WITH_ENV), ["it runs echo $GREETING", PRINTED]),  # no $
+    (SUBMIT.format(entrypoint="echo hello", runtime_env=WITH_ENV), ["it runs echo $GREETING"]),  # typed, not read
+    # The id of another job: the first try's, kept from before.
+    ('first_try = client.submit_job(entrypoint="echo GREETING")\n'
+     + SUBMIT.format(entrypoint="echo $GREETING", runtime_env=WITH_ENV) + "exercise_1_job = first_try\n",
+     ["it runs echo $GREETING", "its runtime env sets GREETING=hello", PRINTED]),
+    ('client.submit_job(entrypoint="echo $GREETING"' + WITH_ENV + ")\n", ["exercise_1_job holds the job's id",
+     "the job succeeds", "it runs echo $GREETING", "its runtime env sets GREETING=hello", PRINTED]),  # not kept
 ])
 def test_lesson_07_exercise_1_fails_when_greeting_is_not_in_the_runtime_env(lesson_07, capsys, answer, wrong,
                                                                             monkeypatch):
     monkeypatch.setenv("GREETING", "")  # recorded as it was before (unset), to be put back whatever the answer sets
     monkeypatch.delenv("GREETING")
     lesson_07["os"] = os
+    lesson_07["exercise_1_job"] = ...  # the exercise's cell as given
     exec(answer, lesson_07)
     results = run_check_cell("07_ray_jobs.ipynb", "exercise_1", lesson_07, capsys)
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results

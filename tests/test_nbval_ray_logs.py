@@ -12,6 +12,7 @@ import nbformat
 import pytest
 from nbval.plugin import NbCellError
 
+from helpers.logs import job_output
 from tests.plugins.nbval_ray import check_ray_errors, drop_ray_log_lines, expected_errors, ray_error_lines
 
 #: Benign lines, several logged at level E, that must neither be compared nor fail a cell.
@@ -180,3 +181,24 @@ def test_a_split_coordinator_shut_down_by_ray_train_passes_and_nothing_else_of_i
         "(SplitCoordinator pid=1958) Traceback (most recent call last):"]
     worker_exit = "\x1b[36m(RayTrainWorker pid=557)\x1b[0m SystemExit: 1\n"
     assert ray_error_lines([_stream("stderr", worker_exit)]) == ["(RayTrainWorker pid=557) SystemExit: 1"]
+
+
+
+def test_job_output_keeps_what_the_newest_job_printed_and_drops_ray_s_lines():
+    # A job's log (lesson 07) as Ray 2.60 writes it: a first job under the id, deleted, then a second one appended to
+    # the same file; the job manager's lines, the supervisor's "Running entrypoint" line flushed after the job's
+    # first output, and lines Ray forwarded, as a raylet's warning about a nearly full disk once was the last line.
+    log = ("2026-11-29 09:24:15,104\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+           "hello\n"
+           "Running entrypoint for job exercise-1: echo hello\n"
+           # the old job's monitor ends its message without a newline: the next job's start line follows on it
+           "Job supervisor actor died.2026-11-29 09:25:01,000\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+           "test_acc=0.9741 test_loss=0.0804 images_per_s=559\n"
+           "Running entrypoint for job exercise-1: python train_ray_ddp.py\n"
+           "2026-11-29 09:25:03,000\tINFO worker.py:1841 -- Connecting to existing Ray cluster at address: ...\n"
+           + BENIGN
+           + "workers ran on 1 node(s): 9e6a46a6, 9e6a46a6\n"
+           + "(raylet) file_system_monitor.cc:116: /tmp/ray/session_x is over 95% full, available space: 1 GB\n")
+    assert job_output(log) == ["test_acc=0.9741 test_loss=0.0804 images_per_s=559",
+                               "workers ran on 1 node(s): 9e6a46a6, 9e6a46a6"]
+    assert job_output("GREETING\n") == ["GREETING"]  # no start line: every line is the job's
