@@ -37,6 +37,7 @@ PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 #: A local Ray's Jobs API needs its dashboard agent on port 52365 (ray.init() has no option for it). When the port
 #: is taken, the agent runs without it: start_ray tries again this many times in all, this many seconds apart.
 JOBS_AGENT_TRIES, JOBS_AGENT_RETRY_S = 2, 2.0
+JOBS_AGENT_PORT = 52365  # Ray's default for `ray start --dashboard-agent-listen-port`, the one ray.init() uses
 JOBS_AGENT_OFF = (
     "Warning: this Ray's Jobs API is off. Its dashboard agent could not listen on port 52365, so submitting, stopping "
     "or deleting a job here fails (a submission says 'No available agent to submit job'). Another local Ray on this machine holds the "
@@ -255,12 +256,35 @@ def start_ray(cfg: CourseConfig, object_store_memory: int | None = None) -> floa
     for attempt in range(1, JOBS_AGENT_TRIES + 1):
         # Ray's start-up log lines carry timestamps and pids; setup() prints its own summary instead.
         context = ray.init(address=address, runtime_env=runtime_env(cfg), logging_level=logging.ERROR, **local)
-        if target.address or attempt == JOBS_AGENT_TRIES or ray_internals.jobs_agent_port() != -1:
-            break  # joined a cluster (its head's agent is the cluster's), or tried enough (_started says so), or up
-        ray.shutdown()  # the agent's port was taken, most often by a passing connection: a new start gets it
+        if (target.address or attempt == JOBS_AGENT_TRIES or ray_internals.jobs_agent_port() != -1
+                or _another_server_on(JOBS_AGENT_PORT)):
+            # Joined a cluster (its head's agent is the cluster's business), the agent is up, tried enough, or
+            # another server (another local Ray's agent) holds the port: starting again would not help.
+            break
+        ray.shutdown()  # a connection held the port for a moment: a new start gets it
         time.sleep(JOBS_AGENT_RETRY_S)
     _started(context)
     return time.perf_counter() - started
+
+
+def _another_server_on(port: int) -> bool:
+    """Whether a process other than this Ray's own listens on `port`: another local Ray's dashboard agent, most often.
+    (This Ray's agent may listen there on one address while it failed on the other: it binds the node's address,
+    then loopback, and keeps the first when the second fails.) A listener of unknown owner counts as another."""
+    import psutil
+
+    try:
+        listeners = [conn.pid for conn in psutil.net_connections("tcp")
+                     if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port]
+    except psutil.Error:  # some systems show other users' sockets to root only
+        return True
+    for pid in listeners:
+        try:
+            if pid is None or os.getpid() not in (parent.pid for parent in psutil.Process(pid).parents()):
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
 
 
 def ray_started(cfg: CourseConfig, context: Any) -> CourseConfig:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -16,7 +21,8 @@ import ray
 from helpers import load_config, setup
 from helpers.cluster import plan_workers
 from helpers.config import REPO_ROOT
-from helpers.session import JOBS_AGENT_OFF, PREEMPTION_WATCHER_VAR, dashboard_get, name_this_cluster
+from helpers.session import JOBS_AGENT_OFF, JOBS_AGENT_PORT, PREEMPTION_WATCHER_VAR, dashboard_get, name_this_cluster
+from helpers.system import wait_until
 from helpers.tooling import ray_internals
 
 pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
@@ -30,9 +36,48 @@ def ray_setup(no_ray):
         ray.shutdown()
 
 
+def ray_sessions() -> set[Path]:
+    """The session folders of the local Rays started on this machine (under Ray's temp root)."""
+    return set(Path(ray_internals.recorded_cluster_file()).parent.glob("session_2*"))
+
+
+@contextmanager
+def connection_from_port_until_an_agent_fails(port: int) -> Iterator[None]:
+    """A TCP connection from 127.0.0.1:`port`, as any client's ephemeral port can be, held until a Ray started
+    meanwhile says its dashboard agent could not listen on `port` (-1 in the session folder)."""
+    before = ray_sessions()
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname(), source_address=("127.0.0.1", port))
+    peer, _ = server.accept()
+
+    def failed() -> bool:
+        return any(path.read_text().strip() == "-1" for session in ray_sessions() - before
+                   for path in session.glob("dashboard_agent_listen_port_*"))
+
+    def release() -> None:
+        try:
+            wait_until(failed, 120, 0.2, what="the agent failing to bind")
+        finally:
+            for sock in (peer, client, server):  # the peer first: its side, not the port, waits out TIME_WAIT
+                sock.close()
+
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
+    try:
+        yield
+    finally:
+        releaser.join()
+
+
 def test_setup_starts_ray_prints_the_settings_and_survives_a_rerun(ray_setup, capsys):
-    cfg = setup()
+    # A connection holds the Jobs API's port as Ray starts, as one did in a CI run: the agent cannot listen there
+    # (the Jobs API is off), and setup() starts the local Ray once more, when the port is free again.
+    before = ray_sessions()
+    with connection_from_port_until_an_agent_fails(JOBS_AGENT_PORT):
+        cfg = setup()
+    assert len(ray_sessions() - before) == 2 and ray_internals.jobs_agent_port() == JOBS_AGENT_PORT
     first = capsys.readouterr().out
+    assert JOBS_AGENT_OFF not in first
     for key in ("mode", "device", "data dir", "storage path", "workers", "Ray", "cluster", "dashboard", "token auth",
                 "torch"):
         assert f"\n{key}" in f"\n{first}", f"setup() should print {key!r}"
@@ -156,15 +201,16 @@ def test_a_worker_that_inherits_ray_address_local_names_its_cluster_instead(ray_
 
 
 def test_a_second_local_ray_says_its_jobs_api_is_off(ray_setup):
-    # This module's Ray holds port 52365 with its dashboard agent, the port every local Ray's agent takes, the one
-    # the Jobs API needs. A second local Ray on the machine (another kernel's) starts twice, then says so.
-    setup()
-    assert ray_internals.jobs_agent_port() == 52365
+    # This module's Ray listens on port 52365 with its dashboard agent, the port of every local Ray's agent, which
+    # the Jobs API needs. A second local Ray on the machine (another kernel's) starts once, and says so.
     # (A job submitted to it then fails with "No available agent to submit job", after the 10 s the dashboard waits
     # for the agent: dashboard/modules/job/job_head.py, as lesson 09's submission did in CI.)
-    second = "from helpers import setup\nsetup()\n"
+    setup()
+    assert ray_internals.jobs_agent_port() == JOBS_AGENT_PORT
+    before = ray_sessions()
     env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, "-c", second], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=REPO_ROOT)
+    done = subprocess.run([sys.executable, "-c", "from helpers import setup\nsetup()\n"], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert JOBS_AGENT_OFF in done.stdout, done.stdout
+    assert len(ray_sessions() - before) == 1, "started again, though another Ray's agent holds the port"
