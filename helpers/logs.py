@@ -10,7 +10,6 @@ import contextlib
 import importlib
 import logging
 import os
-import re
 from collections.abc import Iterator
 
 from helpers.system import wait_until
@@ -113,22 +112,12 @@ def _drop_cpu_race_warning(record: logging.LogRecord) -> bool:
     return False
 
 
-
-#: The line Ray's job manager writes to a job's log as it starts the job (Ray 2.60, dashboard/modules/job/
-#: job_manager.py). A job submitted again under a deleted job's id appends to the same file, after its own such line;
-#: not anchored at the line's start, since the old job's monitor may have left its last message without a newline.
-JOB_START_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+INFO job_manager\.py:\d+ -- Runtime env is setting up\.$")
-#: Ray's own lines in a job's log: its loggers' ("<date time>\tINFO job_manager.py:581 -- ...", as a driver's
-#: `ray.init()` logs too) and the supervisor's "Running entrypoint for job ...", written as the job starts but
-#: flushed after the job's first output (job_supervisor.py).
-JOB_RAY_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+[A-Z]+ \w+\.py:\d+ -- |^Running entrypoint for job ")
-
-
 def job_output(log: str) -> list[str]:
     """What the latest job under a submission id printed itself, from its log (`client.get_job_logs(id)`): the lines
     after the job manager's last start line, without Ray's own lines and those Ray forwarded from other processes
     ("(RayTrainWorker pid=...) ...", "(raylet) ...")."""
     lines = log.splitlines()
-    starts = [number for number, line in enumerate(lines) if JOB_START_LINE.search(line)]
+    starts = [number for number, line in enumerate(lines) if ray_internals.JOB_START_LINE.search(line)]
     latest = lines[starts[-1] + 1:] if starts else lines
-    return [line for line in latest if not JOB_RAY_LINE.match(line) and not ray_internals.RAY_LOG_LINE.match(line)]
+    return [line for line in latest
+            if not ray_internals.JOB_RAY_LINE.match(line) and not ray_internals.RAY_LOG_LINE.match(line)]

@@ -39,11 +39,11 @@ PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 JOBS_AGENT_TRIES, JOBS_AGENT_RETRY_S = 2, 2.0
 JOBS_AGENT_PORT = 52365  # Ray's default for `ray start --dashboard-agent-listen-port`, the one ray.init() uses
 JOBS_AGENT_OFF = (
-    "Warning: this Ray's Jobs API is off. Its dashboard agent could not listen on port 52365, so submitting, stopping "
-    "or deleting a job here fails (a submission says 'No available agent to submit job'). Another local Ray on this machine holds the "
-    "port, or a connection held it for a moment: `ss -tanp 'sport = :52365'` names the process. To fix it: end that "
-    "process, or restart the kernel if none is listed; to keep the other Ray, start this one with `ray start --head "
-    "--dashboard-agent-listen-port=0` and set RAY_ADDRESS to the address it prints.")
+    "Warning: this Ray's Jobs API is off. Its dashboard agent could not listen on port 52365, so submitting, "
+    "stopping or deleting a job here fails (a submission says 'No available agent to submit job'). Another local "
+    "Ray on this machine holds the port, or a connection held it for a moment: `ss -tanp 'sport = :52365'` names the "
+    "process. To fix it: end that process, or restart the kernel if none is listed; to keep the other Ray, start "
+    "this one with `ray start --head --dashboard-agent-listen-port=0` and set RAY_ADDRESS to the address it prints.")
 #: The dashboard address of the Ray this kernel started or joined, kept for re-runs of setup().
 _dashboard_url: str | None = None
 

@@ -350,6 +350,16 @@ TRAIN_STARTUP_PHASES = {
 #: "(raylet) ...", "(autoscaler +1m2s) ...", optionally in colour; the note Ray prints under de-duplicated lines;
 #: or a line of Ray's C++ core log ("[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: ..."), which
 #: the kernel's Ray client writes itself.
+#: The start of a Python logger's line as Ray 2.60 formats it in a job's log (ray_constants.LOGGER_FORMAT, as in
+#: "<date time>\tINFO job_manager.py:581 -- ..."; a driver's `ray.init()` logs so too): the time, then the level.
+_RAY_LOGGER_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+"
+#: The line Ray's job manager writes to a job's log as it starts the job (dashboard/modules/job/job_manager.py). A job
+#: submitted again under a deleted job's id appends to the same file, after its own such line; not anchored at the
+#: line's start, since the old job's monitor may have left its last message without a newline.
+JOB_START_LINE = re.compile(_RAY_LOGGER_TIME + r"INFO job_manager\.py:\d+ -- Runtime env is setting up\.$")
+#: Ray's own lines in a job's log: its loggers' and the supervisor's "Running entrypoint for job ...", written as the
+#: job starts but flushed after the job's first output (job_supervisor.py).
+JOB_RAY_LINE = re.compile(rf"^{_RAY_LOGGER_TIME}[A-Z]+ \w+\.py:\d+ -- |^Running entrypoint for job ")
 RAY_LOG_LINE = re.compile(
     r"^(\x1b\[[\d;]*m)?\(((\w+ )?pid=\w+|raylet|autoscaler \+[\w.]+)(, ip=[\w.:-]+)?\)"
     r"|^\(Ray deduplicates logs by default\."
