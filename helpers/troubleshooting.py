@@ -10,7 +10,8 @@ import resource
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -115,6 +116,103 @@ def wait_until_in(run_name: str, rank: int, function: str, timeout_s: float = 30
     except TimeoutError:
         raise TimeoutError(f"rank {rank} of {run_name} did not reach {function}() in {timeout_s:.0f} s; is "
                            "RAY_TRAIN_ENABLE_STATE_TRACKING=1 set (run_workers needs it)?") from None
+
+
+# --- Section 02: the numbers behind Ray's Train dashboard in Grafana -------------------------------------------
+
+#: Ray Train's metrics that the *Train Metrics* row of Ray's Grafana dashboard plots (Ray 2.60,
+#: ray/train/v2/_internal/metrics/), by what each adds up: seconds, per run (and per rank for a worker's), set back
+#: to 0 when the run's controller or worker shuts down. The time in report() includes the sync and the transfer.
+TRAIN_METRICS = {
+    "ray_train_worker_group_start_total_time_s": "starting the worker group",
+    "ray_train_worker_group_shutdown_total_time_s": "shutting the worker group down",
+    "ray_train_report_total_blocked_time_s": "inside ray.train.report()",
+    "ray_train_checkpoint_sync_total_time_s": "  of which agreeing on the checkpoint's folder",
+    "ray_train_checkpoint_transfer_total_time_s": "  of which copying the checkpoint to storage",
+}
+#: Each Ray process sends the metric values it set to its node's metrics agent every 10 s (Ray 2.60's
+#: metrics_report_interval_ms), and the agent serves a value it was sent for 2 intervals more.
+METRICS_EXPORT_INTERVAL_S = 10
+
+
+def metrics_endpoints() -> list[str]:
+    """The Prometheus endpoint of every alive node of the Ray this process joined, what Prometheus scrapes for
+    Grafana: each node's metrics agent serves it on the node's address and `MetricsExportPort`, without a token."""
+    import ray
+
+    urls = []
+    for node in ray.nodes():
+        host, port = node["NodeManagerAddress"], node.get("MetricsExportPort") or 0
+        if node["Alive"] and port > 0:  # -1: the node collects no metrics
+            urls.append(f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics")
+    return urls
+
+
+def train_metric_samples(run_name: str, text: str) -> dict[tuple[str, str], float]:
+    """The samples of TRAIN_METRICS for the run `run_name` in `text`, a Prometheus endpoint's page, by (metric,
+    rank): the rank a worker's metric is tagged with, "controller" for the controller's."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in TRAIN_METRICS and sample.labels.get("ray_train_run_name") == run_name:
+                rank = sample.labels.get("ray_train_worker_world_rank", "controller")
+                samples[(sample.name, rank)] = sample.value
+    return samples
+
+
+def train_metrics_table(seen: dict[tuple[str, str], float]) -> pd.DataFrame:
+    """TRAIN_METRICS' values by (metric, rank) as a table: a row per metric, in TRAIN_METRICS' order, a column for
+    the controller and one per rank, in rank order; "" where a metric has no value for that column."""
+    ranks = sorted({rank for _, rank in seen if rank != "controller"}, key=int)
+    columns = (["controller"] if any(rank == "controller" for _, rank in seen) else []) + ranks
+    rows = {what: [seen.get((name, column)) for column in columns]
+            for name, what in TRAIN_METRICS.items() if any(metric == name for metric, _ in seen)}
+    table = pd.DataFrame.from_dict(rows, orient="index",
+                                   columns=[column if column == "controller" else f"rank {column}" for column in columns])
+    table.index.name = "seconds"
+    return table.map(lambda value: "" if value is None or pd.isna(value) else f"{value:.2f} s")
+
+
+def watch_train_metrics(run_name: str, until: Callable[[], bool], interval_s: float = 1.0,
+                        timeout_s: float = 600) -> pd.DataFrame:
+    """Read every node's Prometheus endpoint every `interval_s` seconds until `until()` is true (the run ended),
+    and keep the highest value of each of the run's TRAIN_METRICS: see train_metrics_table.
+
+    A value shows on an endpoint from the next export of the process that set it (METRICS_EXPORT_INTERVAL_S) for
+    about two intervals: what a run set in its last seconds (its last report, its shutdown) may never show, and a
+    run shorter than one interval may show nothing. Values of 0, sent before a first record or after the reset at
+    the end, are left out. Raises TimeoutError after `timeout_s` (a run that hangs).
+    """
+    import urllib.request
+
+    seen: dict[tuple[str, str], float] = {}
+    unreachable: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = until()  # read once more after the run ended: values it sent last are served a while longer
+        for url in metrics_endpoints():
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    text = response.read().decode()
+            except OSError as error:
+                if url not in unreachable:
+                    print(f"warning: cannot read {url} ({error}); its node's values are left out")
+                    unreachable.add(url)
+                continue
+            for key, value in train_metric_samples(run_name, text).items():
+                if value > 0:
+                    seen[key] = max(value, seen.get(key, 0.0))
+        if done:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{run_name} still runs after {timeout_s:.0f} s; its metrics so far: {seen}")
+        time.sleep(interval_s)
+    if not seen:
+        print(f"no metric of {run_name} was on the endpoints while it ran: it ended within "
+              f"{METRICS_EXPORT_INTERVAL_S} s of the values it set")
+    return train_metrics_table(seen)
 
 
 # --- Lab E: memory ---------------------------------------------------------------------------------------------

@@ -149,3 +149,40 @@ def test_compare_rounds_calls_overlapping_ranges_no_measurable_difference():
     table = compare_rounds(rounds, baseline="a", value="share")
     assert list(table["verdict"]) == ["baseline", "no measurable difference", "measured: lower"]
     assert table.loc["c", "change vs a"] == pytest.approx(0.05 - 0.45)
+
+
+def test_train_metrics_are_the_train_dashboard_s_and_are_read_for_one_run_by_rank():
+    from helpers.tooling.ray_internals import train_dashboard_panels
+    from helpers.troubleshooting import TRAIN_METRICS, train_metric_samples
+
+    # What the Train Metrics row of the installed Ray's Grafana dashboard plots, the controller's state aside.
+    plotted = {name for panel in train_dashboard_panels() if panel["row"] == "Train Metrics"
+               for name in panel["metrics"]}
+    assert plotted - {"ray_train_controller_state"} == set(TRAIN_METRICS)
+    page = "\n".join([
+        "# TYPE ray_train_report_total_blocked_time_s gauge",
+        'ray_train_report_total_blocked_time_s{ray_train_run_name="mine",ray_train_run_id="1",'
+        'ray_train_worker_world_rank="1",ray_train_worker_actor_id="a"} 2.5',
+        'ray_train_report_total_blocked_time_s{ray_train_run_name="other",ray_train_run_id="2",'
+        'ray_train_worker_world_rank="0",ray_train_worker_actor_id="b"} 9.0',
+        "# TYPE ray_train_worker_group_start_total_time_s gauge",
+        'ray_train_worker_group_start_total_time_s{ray_train_run_name="mine",ray_train_run_id="1"} 12.25',
+        "# TYPE ray_node_cpu_utilization gauge",
+        'ray_node_cpu_utilization{instance="x"} 50.0', ""])
+    assert train_metric_samples("mine", page) == {("ray_train_report_total_blocked_time_s", "1"): 2.5,
+                                                  ("ray_train_worker_group_start_total_time_s", "controller"): 12.25}
+
+
+def test_train_metrics_table_orders_metrics_and_ranks_and_leaves_missing_values_blank():
+    from helpers.troubleshooting import train_metrics_table
+
+    table = train_metrics_table({("ray_train_report_total_blocked_time_s", "10"): 1.0,
+                                 ("ray_train_report_total_blocked_time_s", "2"): 2.5,
+                                 ("ray_train_checkpoint_transfer_total_time_s", "2"): 0.25,
+                                 ("ray_train_worker_group_start_total_time_s", "controller"): 12.25})
+    assert list(table.columns) == ["controller", "rank 2", "rank 10"]  # ranks as numbers, not as text
+    assert list(table.index) == ["starting the worker group", "inside ray.train.report()",
+                                 "  of which copying the checkpoint to storage"]
+    assert table.loc["starting the worker group"].tolist() == ["12.25 s", "", ""]
+    assert table.loc["inside ray.train.report()"].tolist() == ["", "2.50 s", "1.00 s"]
+    assert train_metrics_table({}).empty

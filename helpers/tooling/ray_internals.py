@@ -67,6 +67,7 @@ PRIVATE_APIS = (
     ("ray.train.v2._internal.execution.callback", "WorkerGroupCallback.after_worker_group_training_start"),
     ("ray.train.v2._internal.execution.callback", "ReportCallback.after_report"),
     ("ray.train.v2._internal.callbacks.env_callback", "_initialize_env_callbacks"),
+    ("ray.dashboard.modules.metrics.dashboards.train_dashboard_panels", "TRAIN_GRAFANA_ROWS"),
 )
 
 
@@ -443,3 +444,20 @@ def env_train_callbacks() -> list[Any]:
     from ray.train.v2._internal.callbacks.env_callback import _initialize_env_callbacks
 
     return _initialize_env_callbacks()
+
+
+# --- Ray's Grafana dashboards ----------------------------------------------------------------------------------
+
+def train_dashboard_panels() -> list[dict[str, Any]]:
+    """The panels of Ray's Train dashboard in Grafana, as the installed Ray generates it into
+    `<session>/metrics/grafana/dashboards/train_grafana_dashboard.json`: each panel's row, title, description and the
+    metrics its queries read.
+
+    Public API missing: the dashboards are generated from this module; only their JSON is written out.
+    """
+    from ray.dashboard.modules.metrics.dashboards.train_dashboard_panels import TRAIN_GRAFANA_ROWS
+
+    return [{"row": row.title, "title": panel.title, "description": panel.description,
+             "metrics": sorted({name for target in panel.targets for name in re.findall(r"\bray_\w+(?=[{\[])",
+                                                                                     target.expr)})}
+            for row in TRAIN_GRAFANA_ROWS for panel in row.panels]
