@@ -148,17 +148,21 @@ def metrics_endpoints() -> list[str]:
     return urls
 
 
+#: A sample line of Prometheus' text format, `name{label="value",...} value [timestamp]`, and one of its labels.
+PROMETHEUS_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
+PROMETHEUS_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
 def train_metric_samples(run_name: str, text: str) -> dict[tuple[str, str], float]:
     """The samples of TRAIN_METRICS for the run `run_name` in `text`, a Prometheus endpoint's page, by (metric,
     rank): the rank a worker's metric is tagged with, "controller" for the controller's."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in TRAIN_METRICS and sample.labels.get("ray_train_run_name") == run_name:
-                rank = sample.labels.get("ray_train_worker_world_rank", "controller")
-                samples[(sample.name, rank)] = sample.value
+    for line in text.splitlines():
+        sample = PROMETHEUS_SAMPLE.match(line)
+        if sample and sample["name"] in TRAIN_METRICS:
+            labels = {key: value for key, value in PROMETHEUS_LABEL.findall(sample["labels"] or "")}
+            if labels.get("ray_train_run_name") == run_name:
+                samples[(sample["name"], labels.get("ray_train_worker_world_rank", "controller"))] = float(sample["value"])
     return samples
 
 
