@@ -32,6 +32,8 @@ from helpers.tooling import ray_internals
 
 #: The dashboard (and the Jobs API behind it) listens on loopback only.
 DASHBOARD_HOST = "127.0.0.1"
+#: How long a request to the dashboard may take before it fails with TimeoutError.
+DASHBOARD_TIMEOUT_S = 60
 #: Ray Train's switch for its preemption watcher (read from the driver's environment at every fit()).
 PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 #: A local Ray's Jobs API needs its dashboard agent on port 52365 (ray.init() has no option for it). When the port
@@ -403,12 +405,13 @@ def dashboard_url() -> str:
 def dashboard_get(path: str, token: bool = True) -> tuple[int, Any]:
     """GET `path` from the Ray dashboard of this session: the HTTP status and the JSON body (None on an error).
 
-    With `token=True` the request carries Ray's token, as the dashboard's login page does once you paste it.
+    With `token=True` the request carries Ray's token, as the dashboard's login page does once you paste it. The
+    dashboard may take seconds to answer while a run's workers start on a small machine (10 s was too short once).
     """
     headers = ray_internals.auth_headers() if token else {}
     request = urllib.request.Request(f"{dashboard_url()}{path}", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=DASHBOARD_TIMEOUT_S) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         return error.code, None
