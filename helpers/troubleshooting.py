@@ -10,7 +10,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -140,12 +139,10 @@ def metrics_endpoints() -> list[str]:
     Grafana: each node's metrics agent serves it on the node's address and `MetricsExportPort`, without a token."""
     import ray
 
-    urls = []
-    for node in ray.nodes():
-        host, port = node["NodeManagerAddress"], node.get("MetricsExportPort") or 0
-        if node["Alive"] and port > 0:  # -1: the node collects no metrics
-            urls.append(f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics")
-    return urls
+    from helpers.tooling.ray_internals import host_port_address
+
+    return [f"http://{host_port_address(node['NodeManagerAddress'], node['MetricsExportPort'])}/metrics"
+            for node in ray.nodes() if node["Alive"] and (node.get("MetricsExportPort") or 0) > 0]  # -1: no metrics
 
 
 #: A sample line of Prometheus' text format, `name{label="value",...} value [timestamp]`, and one of its labels.
@@ -193,9 +190,9 @@ def watch_train_metrics(run_name: str, until: Callable[[], bool], interval_s: fl
 
     seen: dict[tuple[str, str], float] = {}
     unreachable: set[str] = set()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done = until()  # read once more after the run ended: values it sent last are served a while longer
+
+    def read_until_ended() -> bool:
+        ended = until()  # read once more after the run ended: values it sent last are served a while longer
         for url in metrics_endpoints():
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
@@ -208,11 +205,12 @@ def watch_train_metrics(run_name: str, until: Callable[[], bool], interval_s: fl
             for key, value in train_metric_samples(run_name, text).items():
                 if value > 0:
                     seen[key] = max(value, seen.get(key, 0.0))
-        if done:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{run_name} still runs after {timeout_s:.0f} s; its metrics so far: {seen}")
-        time.sleep(interval_s)
+        return ended
+
+    try:
+        wait_until(read_until_ended, timeout_s, interval_s, what=f"the end of {run_name}")
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}; its metrics so far: {seen}") from None
     if not seen:
         print(f"no metric of {run_name} was on the endpoints while it ran: it ended within "
               f"{METRICS_EXPORT_INTERVAL_S} s of the values it set")

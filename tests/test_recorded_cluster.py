@@ -30,7 +30,7 @@ def test_the_recorded_file_is_the_one_ray_init_reads(ray_tmpdir):
     record(ray_tmpdir, "10.0.0.5:6379\n")
     assert ray_internals.recorded_cluster_address() == "10.0.0.5:6379"
     assert ray_internals.gcs_host_port("10.0.0.5:6379") == ("10.0.0.5", 6379)
-    assert ray_internals.gcs_host_port(ray_internals.gcs_address("::1", 6379)) == ("::1", 6379)
+    assert ray_internals.gcs_host_port(ray_internals.host_port_address("::1", 6379)) == ("::1", 6379)
     assert ray_internals.gcs_host_port("10.0.0.5") is None and ray_internals.gcs_host_port("") is None
 
 

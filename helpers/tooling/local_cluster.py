@@ -38,7 +38,7 @@ import psutil
 from ray.util import get_node_ip_address
 
 from helpers.system import end_processes, free_ports, processes_naming
-from helpers.tooling.ray_internals import gcs_address
+from helpers.tooling.ray_internals import host_port_address
 
 #: The Ray CLI of this Python environment.
 RAY_CLI = Path(sys.executable).parent / "ray"
@@ -139,7 +139,7 @@ class LocalCluster:
         assert self.temp_dir is not None
         gcs_port, dashboard_port, client_port = free_ports(3)
         # The address `ray start --head` advertises: it calls the same function (the first IP, not 127.0.0.1).
-        self.address = gcs_address(get_node_ip_address(), gcs_port)
+        self.address = host_port_address(get_node_ip_address(), gcs_port)
         self.dashboard_url = f"http://127.0.0.1:{dashboard_port}"
         # Nor the course's settings (COURSE_*): a real cluster's nodes never see them; drivers and jobs hand them over.
         self._env = {name: value for name, value in os.environ.items()

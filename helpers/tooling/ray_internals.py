@@ -167,8 +167,9 @@ def parquet_read_plan(read_task_bytes: int, footer_actors: int) -> Iterator[None
         yield
 
 
-def gcs_address(ip: str, port: int) -> str:
-    """The address `ray start --head` advertises for a GCS at `ip` and `port` ("ip:port", an IPv6 ip in brackets)."""
+def host_port_address(ip: str, port: int) -> str:
+    """Ray's "ip:port" (an IPv6 ip in brackets): the address `ray start --head` advertises for a GCS at `ip` and
+    `port`, and the form of any other Ray server's address (a node's metrics endpoint)."""
     # no public API: Ray's own address formatting, the one `ray start` records in ray_current_cluster
     from ray._common.network_utils import build_address
 
@@ -176,7 +177,7 @@ def gcs_address(ip: str, port: int) -> str:
 
 
 def gcs_host_port(address: str) -> tuple[str, int] | None:
-    """The host and port of a GCS address as `gcs_address` writes it; None when `address` is not "host:port"."""
+    """The host and port of a GCS address as `host_port_address` writes it; None when `address` is not "host:port"."""
     # no public API: Ray's own parsing of the addresses it records (the inverse of build_address)
     from ray._common.network_utils import parse_address
 
@@ -351,6 +352,12 @@ TRAIN_STARTUP_PHASES = {
 #: "(raylet) ...", "(autoscaler +1m2s) ...", optionally in colour; the note Ray prints under de-duplicated lines;
 #: or a line of Ray's C++ core log ("[2026-11-22 13:06:00,208 E 12379 12379] core_worker.cc:2465: ..."), which
 #: the kernel's Ray client writes itself.
+RAY_LOG_LINE = re.compile(
+    r"^(\x1b\[[\d;]*m)?\(((\w+ )?pid=\w+|raylet|autoscaler \+[\w.]+)(, ip=[\w.:-]+)?\)"
+    r"|^\(Ray deduplicates logs by default\."
+    r"|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.cc:\d+: "
+)
+
 #: The start of a Python logger's line as Ray 2.60 formats it in a job's log (ray_constants.LOGGER_FORMAT, as in
 #: "<date time>\tINFO job_manager.py:581 -- ..."; a driver's `ray.init()` logs so too): the time, then the level.
 _RAY_LOGGER_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+"
@@ -361,11 +368,6 @@ JOB_START_LINE = re.compile(_RAY_LOGGER_TIME + r"INFO job_manager\.py:\d+ -- Run
 #: Ray's own lines in a job's log: its loggers' and the supervisor's "Running entrypoint for job ...", written as the
 #: job starts but flushed after the job's first output (job_supervisor.py).
 JOB_RAY_LINE = re.compile(rf"^{_RAY_LOGGER_TIME}[A-Z]+ \w+\.py:\d+ -- |^Running entrypoint for job ")
-RAY_LOG_LINE = re.compile(
-    r"^(\x1b\[[\d;]*m)?\(((\w+ )?pid=\w+|raylet|autoscaler \+[\w.]+)(, ip=[\w.:-]+)?\)"
-    r"|^\(Ray deduplicates logs by default\."
-    r"|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\] \w+\.cc:\d+: "
-)
 
 #: Colour codes, and the note Ray appends to a line it printed once for several processes.
 RAY_LOG_DECORATION = re.compile(r"\x1b\[[\d;]*m|\s*\[repeated \d+x across cluster\].*$")
