@@ -35,6 +35,8 @@ PRIVATE_APIS = (
     ("ray.experimental.internal_kv", "_internal_kv_get"),
     ("ray.experimental.internal_kv", "_internal_kv_put"),
     ("ray._private.ray_constants", "DEBUG_AUTOSCALING_STATUS"),
+    ("ray._private.ray_constants", "KV_NAMESPACE_PDB"),
+    ("ray.experimental.internal_kv", "_internal_kv_list"),
     ("ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator", "get_or_create_autoscaling_coordinator"),
     ("ray.train.v2._internal.logging.logging", "LoggingManager.get_log_directory"),
     ("ray._private.internal_api", "node_stats"),
@@ -165,6 +167,20 @@ def parquet_read_plan(read_task_bytes: int, footer_actors: int) -> Iterator[None
     settings = {PARQUET_READ_TASK_BYTES_VAR: str(read_task_bytes), PARQUET_FOOTER_ACTORS_VAR: str(footer_actors)}
     with environ(**settings):
         yield
+
+
+def pdb_breakpoints() -> list[dict[str, Any]]:
+    """The breakpoints of `RAY_DEBUG=legacy` now waiting in the connected cluster, as `ray debug` lists them: each
+    worker's pdb registers a JSON record (`pdb_address`, `filename`, `lineno`, `job_id`, ...) in the GCS's key-value
+    store under "RAY_PDB_<id>" (ray/util/rpdb.py, ray/scripts/scripts.py `debug`)."""
+    import json
+
+    from ray._private.ray_constants import KV_NAMESPACE_PDB
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    records = (_internal_kv_get(key, namespace=KV_NAMESPACE_PDB)
+               for key in _internal_kv_list("RAY_PDB_", namespace=KV_NAMESPACE_PDB))
+    return [json.loads(record) for record in records if record is not None]
 
 
 def host_port_address(ip: str, port: int) -> str:
