@@ -26,16 +26,23 @@ def define(namespace: dict[str, Any], signature: str, answer: str) -> None:
 
 NAPS_BY_GET = [3.0] + [0.25] * 7  # ray.get(refs): the submission order
 NAPS_BY_WAIT = [0.25] * 7 + [3.0]  # ray.wait(..., num_returns=1) in a loop, on 2 CPUs or more
+ARRIVED_BY_WAIT = [0.27 * n for n in range(1, 8)] + [3.02]  # the short naps one after another on the second CPU
+ALL_AT_3_S = [3.02] * 8  # every result taken once ray.get(refs) returned
+NOT_AS_THEY_CAME = "each short nap arrived while the long one still ran"
 
 
-@pytest.mark.parametrize("as_finished,elapsed_s,wrong", [
-    (NAPS_BY_WAIT, 3.1, []),
-    (NAPS_BY_GET, 3.1, ["they arrived as they finished"]),  # ray.get on the list, or ray.wait(num_returns=8)
-    ([0.25] * 7 + [3.0], 4.9, ["the naps ran"]),  # one after the other: sequential calls in a loop
+@pytest.mark.parametrize("as_finished,arrived_s,elapsed_s,wrong", [
+    (NAPS_BY_WAIT, ARRIVED_BY_WAIT, 3.1, []),
+    # ray.get on the list, or ray.wait(num_returns=8): submission order, all at once
+    (NAPS_BY_GET, ALL_AT_3_S, 3.1, ["they arrived as they finished", NOT_AS_THEY_CAME]),
+    (NAPS_BY_WAIT, ALL_AT_3_S, 3.1, [NOT_AS_THEY_CAME]),  # sorted(ray.get(refs))
+    (NAPS_BY_WAIT, [], 3.1, [NOT_AS_THEY_CAME]),  # arrived_s not kept
+    ([0.25] * 7 + [3.0], [0.25 * n for n in range(1, 8)] + [4.9], 4.9, ["the naps ran"]),  # one after the other
 ])
-def test_lesson_00_exercise_1_fails_on_results_taken_in_submission_order(capsys, as_finished, elapsed_s, wrong):
-    results = run_check_cell("00_ray_core.ipynb", "exercise_1",
-                             {"as_finished": as_finished, "elapsed_s": elapsed_s, "num_cpus": 2}, capsys)
+def test_lesson_00_exercise_1_fails_on_results_taken_in_submission_order_or_all_at_once(capsys, as_finished, arrived_s,
+                                                                                         elapsed_s, wrong):
+    results = run_check_cell("00_ray_core.ipynb", "exercise_1", {"as_finished": as_finished, "arrived_s": arrived_s,
+                                                                  "elapsed_s": elapsed_s, "num_cpus": 2}, capsys)
     assert [what.split(":")[0].split(" (")[0] for what in failed(results)] == wrong, results
 
 
