@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import ray
@@ -22,6 +20,7 @@ from ray.train.torch import TorchTrainer
 
 from helpers.cluster import course_scaling_config
 from helpers.system import wait_until
+from helpers.tooling.local_cluster import RAY_CLI
 from helpers.tooling.ray_internals import pdb_breakpoints
 
 pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
@@ -46,9 +45,8 @@ def test_ray_debug_attaches_to_a_breakpoint_in_rank_0_of_a_running_2_worker_run(
                            timeout_s=240, interval_s=1, what="a breakpoint listed in the GCS")
         assert len(stops) == 1 and stops[0]["pdb_address"].startswith("localhost:"), stops
         assert not running.done(), "fit() waits while rank 0 is stopped"
-        ray_cli = str(Path(sys.executable).parent / "ray")
         debugger = subprocess.Popen(
-            [ray_cli, "debug", "--address", ray.get_runtime_context().gcs_address],
+            [str(RAY_CLI), "debug", "--address", ray.get_runtime_context().gcs_address],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "RAY_DEBUG": "legacy"})
         try:

@@ -173,8 +173,6 @@ def pdb_breakpoints() -> list[dict[str, Any]]:
     """The breakpoints of `RAY_DEBUG=legacy` now waiting in the connected cluster, as `ray debug` lists them: each
     worker's pdb registers a JSON record (`pdb_address`, `filename`, `lineno`, `job_id`, ...) in the GCS's key-value
     store under "RAY_PDB_<id>" (ray/util/rpdb.py, ray/scripts/scripts.py `debug`)."""
-    import json
-
     from ray._private.ray_constants import KV_NAMESPACE_PDB
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
 
