@@ -157,7 +157,21 @@ def lesson_cell(notebook: str, *markers: str) -> str:
 def run_check_cell(notebook: str, defines: str, answer: dict[str, Any], capsys) -> dict[str, bool]:
     """Run the one cell of `notebook` that defines `defines` (`exercise_1 = {`) in the namespace `answer` (it keeps
     what the cell defines), and return what its check printed: each expectation -> whether it held."""
-    source = lesson_cell(notebook, f"{defines} = ", "check(")
+    return run_check_source(lesson_cell(notebook, f"{defines} = ", "check("), answer, capsys)
+
+
+def exercise_check_cell(notebook: str, number: str) -> str:
+    """The one code cell of lesson `notebook` that checks exercise `number` (`check("2", ...`), not its solution."""
+    cells = [cell.source for cell in nbformat.read(NOTEBOOKS / notebook, as_version=4).cells
+             if cell.cell_type == "code" and f'check("{number}"' in cell.source
+             and "solution" not in cell.metadata.get("tags", [])]
+    assert len(cells) == 1, f"{notebook}: {len(cells)} cells check exercise {number}"
+    return cells[0]
+
+
+def run_check_source(source: str, answer: dict[str, Any], capsys) -> dict[str, bool]:
+    """Run a lesson's check cell `source` in the namespace `answer`, and return what its check printed: each
+    expectation -> whether it held."""
     answer.setdefault("check", check)
     answer.setdefault("expect_equal", expect_equal)
     exec(source, answer)

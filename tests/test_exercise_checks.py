@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 import shutil
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.support import failed, run_check_cell, write_run_folder
+from tests.support import exercise_check_cell, failed, run_check_cell, run_check_source, write_run_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -642,6 +643,90 @@ def test_lesson_08_exercise_3_fails_on_two_entries_a_pod_selector_alone_or_every
     results = run_check_cell("08_kuberay.ipynb", "exercise_3",
                              {"kuberay": kuberay, "admit_jupyter": admit_jupyter, "copy": copy,
                               "policy": kuberay.load_manifest("networkpolicy.yaml")}, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 10 · exercise 1: a fit()'s rest, round by round, then the median; not a difference of medians ----------------
+
+def _median_of(parts: dict, field: str) -> float:
+    return statistics.median(parts[field]["rounds"])
+
+
+def _rests(parts: dict, fields: tuple[str, ...] = ("fit_s", "epochs_s", "worker_group_total")) -> list[float]:
+    """Each round's first field minus its others."""
+    return [first - sum(others) for first, *others in zip(*(parts[field]["rounds"] for field in fields))]
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    (lambda parts: statistics.median(_rests(parts)), []),
+    # the medians of the three figures, subtracted: each median comes from another round
+    (lambda parts: _median_of(parts, "fit_s") - _median_of(parts, "epochs_s") - _median_of(parts, "worker_group_total"),
+     ["rest_s['ray_train_1_worker']", "rest_s['ray_train_2_workers']"]),
+    # fit minus training, start-up left in
+    (lambda parts: statistics.median(_rests(parts, ("fit_s", "epochs_s"))),
+     ["rest_s['ray_train_1_worker']", "rest_s['ray_train_2_workers']"]),
+    # the mean of the rounds, not the median
+    (lambda parts: statistics.mean(_rests(parts)), ["rest_s['ray_train_1_worker']", "rest_s['ray_train_2_workers']"]),
+])
+def test_lesson_10_exercise_1_fails_on_a_difference_of_medians_the_start_up_left_in_or_a_mean(capsys, answer, wrong):
+    """Fed the benchmark report the lesson reads (results/bench.json), whose five rounds make each mistake differ
+    from the answer by 0.2 s or more."""
+    from helpers.tooling import bench
+    ddp = bench.recorded_report()["ddp"]
+    namespace: dict[str, Any] = {"bench": bench, "ddp": ddp,
+                                 "rest_s": {name: answer(parts) for name, parts in ddp["fit"].items()}}
+    results = run_check_source(exercise_check_cell("10_performance.ipynb", "1"), namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 10 · exercise 2: the share of the all-reduce hidden behind backward, not the share left waiting --------------
+
+#: Lesson 10's recorded phase table (ms per step, medians of 5 rounds), the all-reduce columns and the step.
+PHASES_10 = {"ResNet-18 · 1 worker": (0.0, 0.0, 145.8), "ResNet-18 · 2 workers · rank 0": (21.3, 67.9, 217.6),
+             "ResNet-18 · 2 workers · rank 1": (15.1, 61.2, 217.2), "ViT · 1 worker": (0.0, 0.0, 5045.9),
+             "ViT · 2 workers · rank 0": (71.5, 259.6, 4804.1), "ViT · 2 workers · rank 1": (72.8, 269.5, 4806.8)}
+TWO_WORKER_ROWS = [f"hidden[{row!r}]" for row in PHASES_10 if "2 workers" in row]
+
+
+@pytest.mark.parametrize("answer,wrong", [
+    ("{row: 1 - two['allreduce_wait'][row] / two['allreduce_total'][row] for row in two.index}", []),
+    # the share the step waited for: what was not hidden
+    ("{row: two['allreduce_wait'][row] / two['allreduce_total'][row] for row in two.index}", TWO_WORKER_ROWS),
+    # the wait over the whole step
+    ("{row: 1 - two['allreduce_wait'][row] / two['step'][row] for row in two.index}", TWO_WORKER_ROWS),
+    # rank 0 only: the other ranks' rows are missing
+    ("{row: 1 - two['allreduce_wait'][row] / two['allreduce_total'][row] for row in two.index if 'rank 0' in row}",
+     TWO_WORKER_ROWS[1::2]),
+])
+def test_lesson_10_exercise_2_fails_on_the_exposed_share_another_denominator_or_rank_0_alone(capsys, answer, wrong):
+    import pandas as pd
+
+    from helpers import profiling
+    phases = pd.DataFrame.from_dict(PHASES_10, orient="index", columns=["allreduce_wait", "allreduce_total", "step"])
+    two = phases[phases.index.str.contains("2 workers")]
+    namespace: dict[str, Any] = {"phases": phases, "profiling": profiling, "hidden": eval(answer, {"two": two})}
+    results = run_check_source(exercise_check_cell("10_performance.ipynb", "2"), namespace, capsys)
+    assert [what.split(" (")[0] for what in failed(results)] == wrong, results
+
+
+# ---- 10 · exercise 3: one rank fed by a DataLoader worker process waits far less than in the loop -------------------
+
+IN_THE_LOOP = [[{"data_wait": wait, "step": 135.0}] for wait in (34.2, 35.5, 35.1, 36.4, 35.8)]  # 25-27%, as recorded
+
+
+@pytest.mark.parametrize("with_loader_workers,wrong", [
+    ([{"data_wait": 2.4, "step": 101.0}], []),  # loader_workers=1: 2% of the step, as recorded
+    ([{"data_wait": 35.2, "step": 134.6}], ["data_wait fell below half of the in-loop profile's"]),  # loader_workers=0
+    ([{"data_wait": 2.6, "step": 150.2}, {"data_wait": 2.9, "step": 150.3}],  # 2 workers: not the in-loop run's size
+     ["a profile of one rank came back"]),
+    ([{"data_wait": 20.1, "step": 118.0}], ["data_wait fell below half of the in-loop profile's"]),  # a small gain
+])
+def test_lesson_10_exercise_3_fails_when_the_loader_gets_no_worker_process_or_the_run_two_ranks(capsys,
+                                                                                              with_loader_workers,
+                                                                                              wrong):
+    namespace: dict[str, Any] = {"bottleneck": {"per image, in the loop": IN_THE_LOOP},
+                                 "with_loader_workers": with_loader_workers}
+    results = run_check_source(exercise_check_cell("10_performance.ipynb", "3"), namespace, capsys)
     assert [what.split(" (")[0] for what in failed(results)] == wrong, results
 
 
