@@ -192,6 +192,16 @@ def per_image_recipe() -> Callable[[np.ndarray], torch.Tensor]:
                        v2.Normalize(MEAN.tolist(), STD.tolist())])
 
 
+def crop_flip_recipe() -> Callable[[np.ndarray], torch.Tensor]:
+    """Lesson 09's augmentation, one image at a time with torchvision: crop, flip, normalise (no TrivialAugment)."""
+    from torchvision.transforms import v2
+
+    from helpers.cifar import CROP_PADDING, MEAN, STD
+
+    return v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=CROP_PADDING), v2.RandomHorizontalFlip(),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN.tolist(), STD.tolist())])
+
+
 def augment_each_image(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Ray Data's `map_batches` form of `per_image_recipe`: the same transforms, image by image, in a Ray Data task."""
     recipe = per_image_recipe()
@@ -207,8 +217,7 @@ def _endless(make: Callable[[], Iterator]) -> Iterator:
 def batches(config: dict) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless (images, labels) batches of this worker's share, from the source `config["data"]` names.
 
-    `mnist` (lesson 02's DataLoader), `cifar` (lesson 09's: normalised once, cropped and flipped per batch),
-    `cifar_per_image` (a DataLoader running `per_image_recipe`, in this process unless `config["loader_workers"]`),
+    `mnist` (lesson 02's DataLoader), one of `CIFAR_LOADERS` (in this process unless `config["loader_workers"]`),
     or `ray_data` (this worker's shard of the trainer's "train" dataset).
     """
     import ray.train
@@ -226,20 +235,45 @@ def batches(config: dict) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from helpers.data import load_mnist
 
         loader = DataLoader(load_mnist(config["data_dir"], train=True), batch_size=batch_size, shuffle=True)
-    elif source in ("cifar", "cifar_per_image"):
-        from helpers.cifar import CifarParquet, augmented_collate
-
-        if source == "cifar":
-            dataset: Any = CifarParquet(config["root"], "train")  # a Dataset by its methods (no torch in cifar)
-            loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=augmented_collate)
-        else:  # `loader_workers` processes run the recipe beside the training process (0: in it)
-            loader = DataLoader(CifarImages(config["root"], per_image_recipe()),
-                                batch_size=batch_size, shuffle=True, num_workers=config.get("loader_workers", 0),
-                                persistent_workers=config.get("loader_workers", 0) > 0)
+    elif source in CIFAR_LOADERS:
+        loader = cifar_loader(config["root"], source, batch_size, config.get("loader_workers", 0))
     else:
-        raise ValueError(f"Unknown data {source!r}: choose from mnist, cifar, cifar_per_image, ray_data.")
+        raise ValueError(f"Unknown data {source!r}: choose from mnist, {', '.join(CIFAR_LOADERS)}, ray_data.")
     loader = ray.train.torch.prepare_data_loader(loader)
     return _endless(lambda: iter(loader))
+
+
+#: The CIFAR-10 DataLoaders by name: lesson 09's (normalised once, cropped and flipped per batch), and two that
+#: augment image by image, section 05's recipe and lesson 09's crop and flip.
+CIFAR_LOADERS = ("cifar", "cifar_per_image", "cifar_crop_flip_per_image")
+
+
+def cifar_loader(root: str, source: str, batch_size: int, loader_workers: int = 0) -> DataLoader:
+    """A shuffled DataLoader of CIFAR-10's training split named by `source` (`CIFAR_LOADERS`); `loader_workers`
+    processes run it beside the training process (0: in it)."""
+    from helpers.cifar import CifarParquet, augmented_collate
+
+    if source == "cifar":
+        dataset: Any = CifarParquet(root, "train")  # a Dataset by its methods (no torch in cifar)
+        return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=augmented_collate,
+                          num_workers=loader_workers, persistent_workers=loader_workers > 0)
+    if source not in CIFAR_LOADERS:
+        raise ValueError(f"Unknown CIFAR-10 loader {source!r}: choose from {', '.join(CIFAR_LOADERS)}.")
+    recipe = per_image_recipe() if source == "cifar_per_image" else crop_flip_recipe()
+    return DataLoader(CifarImages(root, recipe), batch_size=batch_size, shuffle=True, num_workers=loader_workers,
+                      persistent_workers=loader_workers > 0)
+
+
+def input_images_per_s(root: str, source: str, num_batches: int, batch_size: int = 128) -> float:
+    """Images per second of a CIFAR-10 loader alone, no model, in this process: `num_batches` batches after one."""
+    import time
+
+    batches_of_loader = iter(cifar_loader(root, source, batch_size))
+    next(batches_of_loader)  # the first batch: the split is read and the recipe's first call warms up
+    start = time.perf_counter()
+    for _ in range(num_batches):
+        next(batches_of_loader)
+    return num_batches * batch_size / (time.perf_counter() - start)
 
 
 # --- Tables --------------------------------------------------------------------------------------------------------

@@ -681,10 +681,10 @@ def test_lesson_10_exercise_1_fails_on_a_difference_of_medians_the_start_up_left
 
 # ---- 10 · exercise 2: the share of the all-reduce hidden behind backward, not the share left waiting --------------
 
-#: Lesson 10's recorded phase table (ms per step, medians of 5 rounds), the all-reduce columns and the step.
-PHASES_10 = {"ResNet-18 · 1 worker": (0.0, 0.0, 145.8), "ResNet-18 · 2 workers · rank 0": (21.3, 67.9, 217.6),
-             "ResNet-18 · 2 workers · rank 1": (15.1, 61.2, 217.2), "ViT · 1 worker": (0.0, 0.0, 5045.9),
-             "ViT · 2 workers · rank 0": (71.5, 259.6, 4804.1), "ViT · 2 workers · rank 1": (72.8, 269.5, 4806.8)}
+#: Lesson 10's recorded phase table (ms per step, the median round of 5), the all-reduce columns and the step.
+PHASES_10 = {"ResNet-18 · 1 worker": (0.0, 0.0, 980.7), "ResNet-18 · 2 workers · rank 0": (34.0, 170.4, 891.0),
+             "ResNet-18 · 2 workers · rank 1": (62.0, 199.8, 895.5), "ViT · 1 worker": (0.0, 0.0, 10311.1),
+             "ViT · 2 workers · rank 0": (164.7, 928.4, 8581.0), "ViT · 2 workers · rank 1": (266.1, 1068.6, 8581.5)}
 TWO_WORKER_ROWS = [f"hidden[{row!r}]" for row in PHASES_10 if "2 workers" in row]
 
 
@@ -711,15 +711,15 @@ def test_lesson_10_exercise_2_fails_on_the_exposed_share_another_denominator_or_
 
 # ---- 10 · exercise 3: one rank fed by a DataLoader worker process waits far less than in the loop -------------------
 
-IN_THE_LOOP = [[{"data_wait": wait, "step": 135.0}] for wait in (34.2, 35.5, 35.1, 36.4, 35.8)]  # 25-27%, as recorded
+IN_THE_LOOP = [[{"data_wait": wait, "step": 335.0}] for wait in (134.5, 137.3, 140.1, 143.6, 138.0)]  # 40-43%
 
 
 @pytest.mark.parametrize("with_loader_workers,wrong", [
-    ([{"data_wait": 2.4, "step": 101.0}], []),  # loader_workers=1: 2% of the step, as recorded
-    ([{"data_wait": 35.2, "step": 134.6}], ["data_wait fell below half of the in-loop profile's"]),  # loader_workers=0
-    ([{"data_wait": 2.6, "step": 150.2}, {"data_wait": 2.9, "step": 150.3}],  # 2 workers: not the in-loop run's size
+    ([{"data_wait": 2.9, "step": 231.0}], []),  # loader_workers=1: 1% of the step, as recorded
+    ([{"data_wait": 136.2, "step": 334.6}], ["data_wait fell below half of the in-loop profile's"]),  # loader_workers=0
+    ([{"data_wait": 2.6, "step": 250.2}, {"data_wait": 2.9, "step": 250.3}],  # 2 workers: not the in-loop run's size
      ["a profile of one rank came back"]),
-    ([{"data_wait": 20.1, "step": 118.0}], ["data_wait fell below half of the in-loop profile's"]),  # a small gain
+    ([{"data_wait": 80.1, "step": 280.0}], ["data_wait fell below half of the in-loop profile's"]),  # a small gain
 ])
 def test_lesson_10_exercise_3_fails_when_the_loader_gets_no_worker_process_or_the_run_two_ranks(capsys,
                                                                                               with_loader_workers,

@@ -163,3 +163,21 @@ def test_a_step_trace_keeps_kinetos_thread_complaint_out_of_stderr(before, noise
     run = subprocess.run([sys.executable, "-c", PROFILE_IN_A_THREAD.format(before=before)], capture_output=True,
                          text=True, env={**os.environ, "KINETO_LOG_LEVEL": "6"}, check=True)
     assert ("External init callback must run in same thread" in run.stderr) == noise, run.stderr
+
+
+@pytest.mark.parametrize("source", profiling.CIFAR_LOADERS)
+def test_each_cifar_loader_makes_normalised_batches_and_is_timed_alone(source):
+    """Lesson 10 times these loaders against each other: each must make the batches the model trains on."""
+    from helpers.cifar import cifar10_parquet_root
+    from helpers.config import load_config
+
+    root = cifar10_parquet_root(load_config().data_dir)
+    images, labels = next(iter(profiling.cifar_loader(root, source, 64)))
+    assert images.shape == (64, 3, 32, 32) and images.dtype == torch.float32 and labels.dtype == torch.int64
+    assert -0.5 < images.mean().item() < 0.5 and 0.5 < images.std().item() < 1.5, "normalised with CIFAR-10's stats"
+    assert profiling.input_images_per_s(root, source, num_batches=2, batch_size=16) > 0
+
+
+def test_an_unknown_cifar_loader_names_the_choices():
+    with pytest.raises(ValueError, match="cifar_crop_flip_per_image"):
+        profiling.cifar_loader("unused", "cifar_resized", 8)
