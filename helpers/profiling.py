@@ -7,7 +7,8 @@ Chrome trace (open it in https://ui.perfetto.dev); `gather_ranks` brings every r
 FLOP/s. The rest is what the lesson does not teach: the models and batches its runs profile, and its tables.
 
 The phases are read on the CPU's timeline, the device here. On a GPU the kernels run asynchronously after the
-CPU launches them: profile with `ProfilerActivity.CUDA` as well and read the GPU's rows of the trace.
+CPU launches them: profile with `ProfilerActivity.CUDA` as well, and each step also gets `device_busy`, the time
+the GPU ran anything; read the GPU's rows of the trace for where it waited.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd import DeviceType
 from torch.utils.data import DataLoader, Dataset
 
 #: The labels the profiled loop gives the phases of a step, in order.
@@ -59,8 +61,15 @@ def step_phases(events: list) -> list[dict[str, float]]:
     The labelled ranges give `data_wait`, `forward`, `backward` and `optimizer`; `other` is what no label covers.
     Under DDP, all-reduces run in a background thread while the backward pass computes: `allreduce_total` is the
     time any all-reduce ran during the step, and `allreduce_wait` the part of it after the autograd engine's last
-    gradient, when the step can only wait (it is taken out of `backward`).
+    gradient, when the step can only wait (it is taken out of `backward`). A trace with the device's activity
+    (`ProfilerActivity.CUDA`) adds `device_busy`: the milliseconds of the step in which the device ran a kernel or
+    a copy. Its share of the step is how busy the GPU was.
     """
+    # With ProfilerActivity.CUDA the trace also holds the device's side: its kernels and copies, and the labels
+    # again as GPU annotations. The phases are the CPU's; `device_busy` is the time the device ran anything.
+    device = [(e.time_range.start, e.time_range.end) for e in events
+              if e.device_type != DeviceType.CPU and not e.is_user_annotation]
+    events = [e for e in events if e.device_type == DeviceType.CPU]
     steps = sorted((e for e in events if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
     if not steps:
         raise ValueError("No profiled steps: call profiler.step() after every step, inside `with profile(...)`.")
@@ -82,6 +91,8 @@ def step_phases(events: list) -> list[dict[str, float]]:
         ms["step"] = step.time_range.elapsed_us() / 1e3
         ms["other"] = ms["step"] - sum(ms[part] for part in PARTS if part != "other")
         ms["allreduce_total"] = _union_ms(allreduces, start, end)
+        if device:  # the device's busy milliseconds within the CPU's step (kernels may finish after it)
+            ms["device_busy"] = _union_ms(device, start, end)
         rows.append(ms)
     return rows
 
@@ -181,24 +192,18 @@ class CifarImages(Dataset):
         return self.transform(self.split["image"][index].copy()), int(self.split["label"][index])
 
 
-def per_image_recipe() -> Callable[[np.ndarray], torch.Tensor]:
-    """torchvision's usual CIFAR-10 training transforms, one image at a time: crop, flip, TrivialAugment, normalise."""
+def per_image_recipe(trivial_augment: bool = True) -> Callable[[np.ndarray], torch.Tensor]:
+    """torchvision's usual CIFAR-10 training transforms, one image at a time: crop, flip, TrivialAugment, normalise.
+
+    `trivial_augment=False`: lesson 09's crop and flip alone, image by image (its batches pad with the mean colour,
+    these with black: the same work).
+    """
     from torchvision.transforms import v2
 
     from helpers.cifar import CROP_PADDING, MEAN, STD
 
-    return v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=CROP_PADDING), v2.RandomHorizontalFlip(),
-                       v2.TrivialAugmentWide(), v2.ToDtype(torch.float32, scale=True),
-                       v2.Normalize(MEAN.tolist(), STD.tolist())])
-
-
-def crop_flip_recipe() -> Callable[[np.ndarray], torch.Tensor]:
-    """Lesson 09's augmentation, one image at a time with torchvision: crop, flip, normalise (no TrivialAugment)."""
-    from torchvision.transforms import v2
-
-    from helpers.cifar import CROP_PADDING, MEAN, STD
-
-    return v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=CROP_PADDING), v2.RandomHorizontalFlip(),
+    policy = [v2.TrivialAugmentWide()] if trivial_augment else []
+    return v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=CROP_PADDING), v2.RandomHorizontalFlip(), *policy,
                        v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN.tolist(), STD.tolist())])
 
 
@@ -259,7 +264,7 @@ def cifar_loader(root: str, source: str, batch_size: int, loader_workers: int = 
                           num_workers=loader_workers, persistent_workers=loader_workers > 0)
     if source not in CIFAR_LOADERS:
         raise ValueError(f"Unknown CIFAR-10 loader {source!r}: choose from {', '.join(CIFAR_LOADERS)}.")
-    recipe = per_image_recipe() if source == "cifar_per_image" else crop_flip_recipe()
+    recipe = per_image_recipe(trivial_augment=source == "cifar_per_image")
     return DataLoader(CifarImages(root, recipe), batch_size=batch_size, shuffle=True, num_workers=loader_workers,
                       persistent_workers=loader_workers > 0)
 
@@ -294,7 +299,8 @@ def phase_table(runs: dict[str, list[list[dict]]]) -> pd.DataFrame:
     for variant, rounds in runs.items():
         for phases in median_round(rounds):
             label = variant if len(rounds[0]) == 1 else f"{variant} · rank {phases['rank']}"
-            rows[label] = {key: round(phases[key], 1) for key in (*PARTS, "step", "allreduce_total")}
+            keys = (*PARTS, "step", "allreduce_total", *(["device_busy"] if "device_busy" in phases else []))
+            rows[label] = {key: round(phases[key], 1) for key in keys}
     return pd.DataFrame(rows).T
 
 

@@ -184,3 +184,33 @@ def test_each_cifar_loader_makes_normalised_batches_and_is_timed_alone(source):
 def test_an_unknown_cifar_loader_names_the_choices():
     with pytest.raises(ValueError, match="cifar_crop_flip_per_image"):
         profiling.cifar_loader("unused", "cifar_resized", 8)
+
+
+def test_a_trace_with_the_gpus_side_keeps_the_cpus_phases_and_adds_how_long_the_device_was_busy():
+    """What `profiler.events()` holds with ProfilerActivity.CUDA, as torch builds it (FunctionEvent): the CPU's
+    labelled ranges, the same labels again as GPU annotations, and the device's kernels and copies. A step of 10 ms
+    on the CPU whose GPU ran 1 ms of kernels, 2 ms of a copy overlapping 1 ms of them, and 1 ms after the step."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name: str, start_ms: float, end_ms: float, device: DeviceType = DeviceType.CPU,
+              annotation: bool = False) -> FunctionEvent:
+        return FunctionEvent(id=0, name=name, thread=1, start_us=start_ms * 1e3, end_us=end_ms * 1e3,
+                             device_type=device, is_user_annotation=annotation)
+
+    cpu = [event("ProfilerStep#1", 0, 10), event("data_wait", 0, 4), event("forward", 4, 6),
+           event("backward", 6, 8), event("optimizer", 8, 10)]
+    gpu = [event(name, start + 0.5, end + 0.5, DeviceType.CUDA, annotation=True)  # the labels on the GPU's timeline
+           for name, start, end in (("ProfilerStep#1", 0, 10), ("data_wait", 0, 4), ("forward", 4, 6))]
+    kernels = [event("sm90_xmma_gemm", 5, 6, DeviceType.CUDA), event("Memcpy HtoD (Pinned -> Device)", 5.5, 7.5,
+                                                                         DeviceType.CUDA),
+               event("void at::native::elementwise_kernel", 9.5, 11, DeviceType.CUDA)]
+
+    (cpu_only,) = profiling.step_phases(cpu)
+    (with_gpu,) = profiling.step_phases(cpu + gpu + kernels)
+
+    assert "device_busy" not in cpu_only, "a CPU trace has no device column"
+    assert {key: with_gpu[key] for key in cpu_only} == pytest.approx(cpu_only), "the GPU's rows change no phase"
+    assert with_gpu["device_busy"] == pytest.approx(3.0)  # [5, 7.5] and [9.5, 10]: the copy overlaps the gemm
+    table = profiling.phase_table({"on a GPU": [[{"rank": 0, "steps": 1, **with_gpu}]]})
+    assert table.loc["on a GPU", "device_busy"] == 3.0 and table.loc["on a GPU", "data_wait"] == 4.0
