@@ -394,6 +394,36 @@ def _print_rows(rows: dict[str, str]) -> None:
     print("\n".join(f"{key:<{width}} : {value}" for key, value in rows.items()))
 
 
+def start_task_workers(count: int, timeout_s: float = 60.0) -> int:
+    """Have `count` worker processes for tasks started and ready, so the tasks you time next measure their work.
+
+    Ray starts a worker process when a task needs one (a second or more on a busy machine) and ends idle ones it
+    does not need (one idle for 1 s, while its node runs more worker processes than it has CPUs): a burst of tasks
+    after a pause can wait for a process start. This runs `count` 0.2 s tasks at once until `count` different
+    processes ran them, and returns `count`; after `timeout_s` it raises, saying how many answered.
+    """
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def _worker_id() -> str:
+        time.sleep(0.2)  # long enough that the `count` tasks overlap: each one needs its own process
+        return ray.get_runtime_context().get_worker_id()
+
+    deadline = time.monotonic() + timeout_s
+    workers: set[str] = set()
+    while time.monotonic() < deadline:
+        try:
+            workers = set(ray.get([_worker_id.remote() for _ in range(count)],
+                                  timeout=max(1.0, deadline - time.monotonic())))
+        except ray.exceptions.GetTimeoutError:
+            break
+        if len(workers) >= count:
+            return count
+    raise RuntimeError(f"Only {len(workers)} of {count} worker processes ran a task at once within {timeout_s:.0f} s: "
+                       f"ask for no more than the cluster's CPUs (ray.cluster_resources()), or wait for running "
+                       f"work to finish.")
+
+
 def dashboard_url() -> str:
     """The address of this session's Ray dashboard and of the Jobs API behind it, e.g. http://127.0.0.1:8265."""
     if _dashboard_url is None:

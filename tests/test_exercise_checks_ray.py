@@ -6,10 +6,13 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.state import list_workers
 
+from helpers.session import start_task_workers
 from tests.support import failed, run_check_cell
 
 pytestmark = pytest.mark.ray
@@ -21,11 +24,44 @@ class TrainWorker:  # lesson 00's
         return ray.get_runtime_context().get_placement_group_id()
 
 
+@ray.remote
+def nap_began(seconds: float) -> float:  # lesson 00's nap, saying when it began
+    began = time.time()
+    time.sleep(seconds)
+    return began
+
+
+def end_idle_task_workers() -> int:
+    """End this Ray's idle task worker processes, as Ray does with one idle for 1 s while its node runs more worker
+    processes than CPUs (actors' included); return how many."""
+    ours = {worker["pid"] for worker in list_workers(limit=10_000, raise_on_missing_output=False)
+            if worker["worker_type"] == "WORKER" and worker["is_alive"]}
+    idle = [process for process in psutil.process_iter(["pid", "name"])
+            if process.info["pid"] in ours and process.info["name"] == "ray::IDLE"]
+    for process in idle:
+        process.kill()
+    psutil.wait_procs(idle, timeout=10)
+    return len(idle)
+
+
+def test_lesson_00_exercise_1_s_naps_start_at_once_after_start_task_workers(course_ray):
+    """Exercise 1 times a 3 s nap against seven short ones on the second CPU: its check fails if the short ones wait
+    for a worker process to start (seconds on a busy machine). `start_task_workers` starts them before the clock."""
+    num_cpus = int(ray.cluster_resources()["CPU"])
+    ray.get([nap_began.remote(0.5) for _ in range(num_cpus)])  # a task worker per CPU...
+    assert end_idle_task_workers() >= 1  # ...ended, as Ray ends idle ones
+    assert start_task_workers(num_cpus) == num_cpus
+    submitted = time.time()
+    began = ray.get([nap_began.remote(0.5) for _ in range(num_cpus)])
+    assert max(began) - submitted < 0.5, f"a nap began {max(began) - submitted:.2f} s after it was submitted"
+
+
 def test_lesson_00_exercise_3_says_not_yet_when_the_workers_start_outside_the_group(course_ray, capsys):
     """The typical mistake: TrainWorker.remote() without the bundle's scheduling strategy. While the group holds every
     CPU the workers never start, so `ray.get` on their answers would wait forever: the check waits 10 s at most."""
     num_bundles = int(ray.cluster_resources()["CPU"])  # the group holds every CPU, as num_bundles does on 2 CPUs
     workers_pg = placement_group([{"CPU": 1}] * num_bundles, strategy="PACK")
+    ray.get(workers_pg.ready(), timeout=30)  # else actors started at once from warm processes may take the CPUs first
     workers = [TrainWorker.remote() for _ in range(num_bundles)]  # no scheduling_strategy: outside the group
     id_refs = [worker.placement_group_id.remote() for worker in workers]
     namespace = {"ray": ray, "num_bundles": num_bundles, "workers_pg": workers_pg, "id_refs": id_refs,
