@@ -397,16 +397,17 @@ def _print_rows(rows: dict[str, str]) -> None:
 def start_task_workers(count: int, timeout_s: float = 60.0) -> int:
     """Have `count` worker processes for tasks started and ready, so the tasks you time next measure their work.
 
-    Ray starts a worker process when a task needs one (a second or more on a busy machine) and ends idle ones it
-    does not need (one idle for 1 s, while its node runs more worker processes than it has CPUs): a burst of tasks
-    after a pause can wait for a process start. This runs `count` 0.2 s tasks at once until `count` different
-    processes ran them, and returns `count`; after `timeout_s` it raises, saying how many answered.
+    Ray starts a worker process when a task needs one (a second or more on a busy machine), and ends one idle for
+    over 1 s while its node has more idle workers than free CPUs (as while a placement group or a 2-CPU task holds
+    them): a burst of tasks after that can wait for a process start. This runs `count` 0.2 s tasks at once until
+    `count` different processes ran them, and returns `count`; after `timeout_s` it raises, saying how many answered.
+    Ask for no more than the free CPUs: more tasks than that wait for each other and share processes.
     """
     import ray
 
     @ray.remote(num_cpus=1)
     def _worker_id() -> str:
-        time.sleep(0.2)  # long enough that the `count` tasks overlap: each one needs its own process
+        time.sleep(0.2)  # long enough that the `count` tasks overlap, each in its own process
         return ray.get_runtime_context().get_worker_id()
 
     deadline = time.monotonic() + timeout_s

@@ -32,10 +32,11 @@ def nap_began(seconds: float) -> float:  # lesson 00's nap, saying when it began
 
 
 def end_idle_task_workers() -> int:
-    """End this Ray's idle task worker processes, as Ray does with one idle for 1 s while its node runs more worker
-    processes than CPUs (actors' included); return how many."""
+    """End the idle task worker processes of this Ray's node, this machine, as Ray ends one idle for over 1 s while
+    its node has more idle workers than free CPUs; return how many. (An actor's process is named after its class.)"""
+    node_id = ray.get_runtime_context().get_node_id()
     ours = {worker["pid"] for worker in list_workers(limit=10_000, raise_on_missing_output=False)
-            if worker["worker_type"] == "WORKER" and worker["is_alive"]}
+            if worker["worker_type"] == "WORKER" and worker["is_alive"] and worker["node_id"] == node_id}
     idle = [process for process in psutil.process_iter(["pid", "name"])
             if process.info["pid"] in ours and process.info["name"] == "ray::IDLE"]
     for process in idle:
@@ -61,7 +62,7 @@ def test_lesson_00_exercise_3_says_not_yet_when_the_workers_start_outside_the_gr
     CPU the workers never start, so `ray.get` on their answers would wait forever: the check waits 10 s at most."""
     num_bundles = int(ray.cluster_resources()["CPU"])  # the group holds every CPU, as num_bundles does on 2 CPUs
     workers_pg = placement_group([{"CPU": 1}] * num_bundles, strategy="PACK")
-    ray.get(workers_pg.ready(), timeout=30)  # else actors started at once from warm processes may take the CPUs first
+    ray.get(workers_pg.ready(), timeout=30)  # else actors on warm processes may start before the group reserves CPUs
     workers = [TrainWorker.remote() for _ in range(num_bundles)]  # no scheduling_strategy: outside the group
     id_refs = [worker.placement_group_id.remote() for worker in workers]
     namespace = {"ray": ray, "num_bundles": num_bundles, "workers_pg": workers_pg, "id_refs": id_refs,
