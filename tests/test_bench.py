@@ -2,7 +2,7 @@
 
 Statistics: test_rounds; FLOP counts come from helpers.profiling.
 
-Against the pinned Ray's controller log: tests/test_bench_ray.py.
+Against the pinned Ray's controller log: tests/test_troubleshooting_ray.py (its watched run).
 """
 
 from __future__ import annotations

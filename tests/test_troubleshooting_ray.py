@@ -1,5 +1,6 @@
 """helpers.troubleshooting on the course's local Ray: iterator timings from a real Ray Data shard iterator, and Ray
-Train's metrics as the nodes' Prometheus endpoints serve them while a real run goes on (lesson 06, section 02)."""
+Train's metrics as the nodes' Prometheus endpoints serve them while a real run goes on (lesson 06, section 02), and
+that run's controller log read by helpers.tooling.bench (every start-up phase, against the pinned Ray)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ray.train import RunConfig
 from ray.train.torch import TorchTrainer
 
 from helpers.cluster import course_scaling_config
+from helpers.tooling import bench
 from helpers.troubleshooting import METRICS_EXPORT_INTERVAL_S, iterator_times, watch_train_metrics
 
 pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
@@ -41,7 +43,7 @@ def report_then_wait(config: dict) -> None:
     time.sleep(METRICS_EXPORT_INTERVAL_S + 3)  # the run goes on past that export
 
 
-def test_the_run_s_start_and_each_rank_s_time_in_report_are_read_while_it_runs(course_ray, tmp_path):
+def test_a_run_s_metrics_are_read_while_it_runs_and_its_controller_log_has_every_start_up_phase(course_ray, tmp_path):
     trainer = TorchTrainer(report_then_wait,
                            scaling_config=course_scaling_config(course_ray, num_workers=2, use_gpu=False),
                            run_config=RunConfig(storage_path=str(tmp_path), name="watched"))
@@ -54,3 +56,7 @@ def test_the_run_s_start_and_each_rank_s_time_in_report_are_read_while_it_runs(c
     reports = table.loc["inside ray.train.report()"]
     assert reports["controller"] == "" and all(float(reports[rank].removesuffix(" s")) > 0
                                                for rank in ("rank 0", "rank 1")), table
+    # The same run's controller log, against the pinned Ray: it has every start-up phase bench.startup_phases reads.
+    phases = bench.startup_phases(bench.controller_records("watched"))
+    parts = sum(seconds for phase, seconds in phases.items() if phase not in ("worker_group_total", "controller_setup"))
+    assert 0 < parts <= phases["worker_group_total"] + 0.05, phases
