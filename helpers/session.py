@@ -28,6 +28,7 @@ from helpers.logs import CPU_RACE_WAIT_S as CPU_RACE_WAIT_S
 from helpers.logs import RAY_INTERNAL_WARNINGS as RAY_INTERNAL_WARNINGS
 from helpers.logs import WORKER_ENV_DEFAULTS, quiet_driver_logs, quiet_worker_loggers, worker_warning_filters
 from helpers.logs import logger_level as logger_level
+from helpers.system import wait_until
 from helpers.tooling import ray_internals
 
 #: The dashboard (and the Jobs API behind it) listens on loopback only.
@@ -400,7 +401,7 @@ def start_task_workers(count: int, timeout_s: float = 60.0) -> int:
     Ray starts a worker process when a task needs one (a second or more on a busy machine), and ends one idle for
     over 1 s while its node has more idle workers than free CPUs (as while a placement group or a 2-CPU task holds
     them): a burst of tasks after that can wait for a process start. This runs `count` 0.2 s tasks at once until
-    `count` different processes ran them, and returns `count`; after `timeout_s` it raises, saying how many answered.
+    `count` different processes ran them, and returns `count`; after `timeout_s` it raises TimeoutError.
     Ask for no more than the free CPUs: more tasks than that wait for each other and share processes.
     """
     import ray
@@ -410,19 +411,15 @@ def start_task_workers(count: int, timeout_s: float = 60.0) -> int:
         time.sleep(0.2)  # long enough that the `count` tasks overlap, each in its own process
         return ray.get_runtime_context().get_worker_id()
 
-    deadline = time.monotonic() + timeout_s
-    workers: set[str] = set()
-    while time.monotonic() < deadline:
+    def each_in_its_own_process() -> bool:
         try:
-            workers = set(ray.get([_worker_id.remote() for _ in range(count)],
-                                  timeout=max(1.0, deadline - time.monotonic())))
-        except ray.exceptions.GetTimeoutError:
-            break
-        if len(workers) >= count:
-            return count
-    raise RuntimeError(f"Only {len(workers)} of {count} worker processes ran a task at once within {timeout_s:.0f} s: "
-                       f"ask for no more than the cluster's CPUs (ray.cluster_resources()), or wait for running "
-                       f"work to finish.")
+            return len(set(ray.get([_worker_id.remote() for _ in range(count)], timeout=timeout_s))) >= count
+        except ray.exceptions.GetTimeoutError:  # more tasks than free CPUs: wait_until then says so
+            return False
+
+    wait_until(each_in_its_own_process, timeout_s, interval_s=0,
+               what=f"{count} tasks at once, each in a worker process of its own (ask for no more than the free CPUs)")
+    return count
 
 
 def dashboard_url() -> str:
