@@ -11,8 +11,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Re-install only when the pins change. pip --no-compile: Python compiles each module to bytecode when it is first
-# imported, instead of every file of every package at install time (about 80 s of a fresh install on 2 cores).
+# Re-install only when the pins change.
 STAMP := $(VENV)/.installed-stamp
 LAB_PORT ?= 8888
 # JupyterLab refuses to run as root (as in containers) unless told to.
@@ -27,7 +26,7 @@ $(STAMP): pyproject.toml $(LAB_OVERRIDES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), \
 		f"Python {sys.version.split()[0]} is not supported: use 3.11-3.13 (make PYTHON=python3.11 ...)"'
-	$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e ".[lab,test]"
+	$(BIN)/python -m pip install --disable-pip-version-check -e ".[lab,test]"
 	$(BIN)/python -m helpers.tooling.kuberay --install-helm
 	@mkdir -p $(VENV)/etc/jupyter/labconfig && cp $(LAB_OVERRIDES) $(VENV)/etc/jupyter/labconfig/
 	@touch $(STAMP)
