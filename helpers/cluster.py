@@ -282,6 +282,19 @@ def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: boo
                       f"each with {cpus_why}")
 
 
+def gpus_hold(cfg: CourseConfig, num_workers: int, capacity: Capacity | None = None) -> bool:
+    """Whether `num_workers` Ray Train workers get a GPU each here: the course trains on GPUs (`plan_workers`, from
+    COURSE_USE_GPU) and the alive nodes, with those an autoscaler can add, hold that many GPU workers at once."""
+    capacity = cluster_capacity() if capacity is None else capacity
+    plan = plan_workers(cfg, num_workers, capacity=capacity)
+    if not plan.use_gpu:
+        return False
+    needs = resources_per_worker(ScalingConfig(num_workers=num_workers, use_gpu=True,
+                                               resources_per_worker=plan.resources_per_worker,
+                                               accelerator_type=cfg.accelerator_type))
+    return sum(_workers_that_fit(node, needs) for node in capacity.largest(num_workers)) >= num_workers
+
+
 def course_scaling_config(cfg: CourseConfig, num_workers: int | None = None, use_gpu: bool | None = None,
                           reserve_for_data: float = 0.0, datasets: dict[str, Dataset] | None = None) -> ScalingConfig:
     """The course's ScalingConfig: `plan_workers`' sizing for this cluster (the arguments override the configuration);

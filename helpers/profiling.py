@@ -6,9 +6,10 @@ Chrome trace (open it in https://ui.perfetto.dev); `gather_ranks` brings every r
 `training_flops_per_image` counts a model's FLOPs per training image, which lesson 10 sets against the device's
 FLOP/s. The rest is what the lesson does not teach: the models and batches its runs profile, and its tables.
 
-The phases are read on the CPU's timeline, the device here. On a GPU the kernels run asynchronously after the
-CPU launches them: profile with `ProfilerActivity.CUDA` as well, and each step also gets `device_busy`, the time
-the GPU ran anything; read the GPU's rows of the trace for where it waited.
+The phases are read on the CPU's timeline. On a GPU the kernels run asynchronously after the CPU launches them:
+lesson 10's loop profiles with `ProfilerActivity.CUDA` there and waits for the GPU at each step's end. Each step
+then also gets `device_busy`, the time the GPU ran anything, and NCCL's all-reduce is read from its kernels; the
+GPU's rows of the trace show where it waited.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ PHASES = ("data_wait", "forward", "backward", "optimizer")
 PARTS = ("data_wait", "forward", "backward", "allreduce_wait", "optimizer", "other")
 #: The events of a gradient all-reduce: gloo's (CPU) or NCCL's, as torch's process group records them.
 ALLREDUCE = re.compile(r"^(gloo|nccl):all_reduce")
+#: NCCL's all-reduce kernels on the device. On NCCL the CPU's `nccl:all_reduce` range covers the launch only.
+DEVICE_ALLREDUCE = re.compile(r"^nccl(Dev)?Kernel_AllReduce")
 #: The autograd engine's work on the gradients, one event per backward function.
 AUTOGRAD = "autograd::engine::evaluate_function"
 
@@ -55,6 +58,12 @@ def _union_ms(intervals: list[tuple[float, float]], start: float, end: float) ->
     return covered / 1e3
 
 
+def _exposed_ms(intervals: list[tuple[float, float]], others: list[tuple[float, float]], start: float,
+                end: float) -> float:
+    """Milliseconds within [start, end] covered by `intervals` while none of `others` ran."""
+    return _union_ms(intervals + others, start, end) - _union_ms(others, start, end)
+
+
 def step_phases(events: list) -> list[dict[str, float]]:
     """Milliseconds of each part of every profiled step (`profiler.events()`), one dict per step.
 
@@ -63,12 +72,17 @@ def step_phases(events: list) -> list[dict[str, float]]:
     time any all-reduce ran during the step, and `allreduce_wait` the part of it after the autograd engine's last
     gradient, when the step can only wait (it is taken out of `backward`). A trace with the device's activity
     (`ProfilerActivity.CUDA`) adds `device_busy`: the milliseconds of the step in which the device ran a kernel or
-    a copy. Its share of the step is how busy the GPU was.
+    a copy (NCCL's kernels too, which occupy it while they wait for the other ranks). Its share of the step is how
+    busy the GPU was. With NCCL's all-reduce kernels in the trace, the all-reduce is read on the device instead:
+    `allreduce_total` is the time they ran, `allreduce_wait` the part of it when no other kernel ran; the CPU waits
+    for it at the step's end, in `other`, and `backward` keeps the CPU's launches.
     """
     # With ProfilerActivity.CUDA the trace also holds the device's side: its kernels and copies, and the labels
     # again as GPU annotations. The phases are the CPU's; `device_busy` is the time the device ran anything.
-    device = [(e.time_range.start, e.time_range.end) for e in events
-              if e.device_type != DeviceType.CPU and not e.is_user_annotation]
+    on_device = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
+    device = [(e.time_range.start, e.time_range.end) for e in on_device]
+    device_allreduces = [(e.time_range.start, e.time_range.end) for e in on_device if DEVICE_ALLREDUCE.match(e.name)]
+    device_others = [(e.time_range.start, e.time_range.end) for e in on_device if not DEVICE_ALLREDUCE.match(e.name)]
     events = [e for e in events if e.device_type == DeviceType.CPU]
     steps = sorted((e for e in events if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
     if not steps:
@@ -86,11 +100,15 @@ def step_phases(events: list) -> list[dict[str, float]]:
         computed = [e.time_range.end for e in inside if e.name.startswith(AUTOGRAD)
                     and _within(e, backward.time_range.start, backward.time_range.end)]
         last_gradient = max(computed, default=backward.time_range.end)
-        ms["allreduce_wait"] = _union_ms(allreduces, last_gradient, backward.time_range.end)
-        ms["backward"] -= ms["allreduce_wait"]
+        if device_allreduces:  # NCCL: the all-reduce's kernels, and their time alone on the device
+            ms["allreduce_wait"] = _exposed_ms(device_allreduces, device_others, start, end)
+            ms["allreduce_total"] = _union_ms(device_allreduces, start, end)
+        else:  # gloo: the CPU's all-reduce after the last gradient, taken out of backward
+            ms["allreduce_wait"] = _union_ms(allreduces, last_gradient, backward.time_range.end)
+            ms["backward"] -= ms["allreduce_wait"]
+            ms["allreduce_total"] = _union_ms(allreduces, start, end)
         ms["step"] = step.time_range.elapsed_us() / 1e3
         ms["other"] = ms["step"] - sum(ms[part] for part in PARTS if part != "other")
-        ms["allreduce_total"] = _union_ms(allreduces, start, end)
         if device:  # the device's busy milliseconds within the CPU's step (kernels may finish after it)
             ms["device_busy"] = _union_ms(device, start, end)
         rows.append(ms)
@@ -112,11 +130,15 @@ def start_kineto_quietly() -> None:
     global _kineto_started
     if _kineto_started:
         return
+    # Kineto starts once per process, for the activities of its first profile: the GPU's too where there is one
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        with torch.profiler.profile(activities=activities):
             pass
     finally:
         os.dup2(saved, 2)
@@ -305,7 +327,8 @@ def phase_table(runs: dict[str, list[list[dict]]]) -> pd.DataFrame:
 
 
 def hidden_share(phases: pd.Series) -> float:
-    """The share of a step's all-reduce time that ran while the backward pass computed (hidden behind it)."""
+    """The share of a step's all-reduce time hidden behind other work: the backward pass on CPUs, other kernels on a
+    GPU (`step_phases`)."""
     return 1 - phases["allreduce_wait"] / phases["allreduce_total"]
 
 

@@ -15,6 +15,7 @@ from helpers.cluster import (
     ResourceRequestError,
     ResourceWaitWarning,
     check_resources,
+    gpus_hold,
     plan_workers,
     resources_per_worker,
 )
@@ -120,6 +121,16 @@ def test_an_autoscaler_with_unknown_node_types_accepts_a_gpu_request():
     assert plan(AUTOSCALING_UNKNOWN, COURSE_USE_GPU="true").use_gpu  # not rejected: a GPU node may come
     assert not plan(AUTOSCALING_UNKNOWN).use_gpu, "auto: no GPU seen, none known to come"
     assert "1 CPU until a node joins" in plan(AUTOSCALING_UNKNOWN).why
+
+
+def test_gpus_hold_as_many_workers_as_the_gpus_a_run_can_get():
+    assert gpus_hold(load_config({}), 1, ONE_GPU_MACHINE) and not gpus_hold(load_config({}), 2, ONE_GPU_MACHINE)
+    assert gpus_hold(load_config({}), 4, GPU_CLUSTER) and not gpus_hold(load_config({}), 5, GPU_CLUSTER)
+    assert not gpus_hold(load_config({"COURSE_USE_GPU": "false"}), 1, ONE_GPU_MACHINE), "the course trains on CPUs"
+    assert not gpus_hold(load_config({}), 1, LAPTOP)
+    assert gpus_hold(load_config({}), 4, AUTOSCALING), "GPU nodes the autoscaler can add count"
+    assert gpus_hold(load_config({"COURSE_ACCELERATOR_TYPE": "T4"}), 4, GPU_CLUSTER)
+    assert not gpus_hold(load_config({"COURSE_ACCELERATOR_TYPE": "A100"}), 1, GPU_CLUSTER), "no A100 node"
 
 
 def test_requests_that_fit_pass_quietly():

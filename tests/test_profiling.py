@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -214,3 +215,32 @@ def test_a_trace_with_the_gpus_side_keeps_the_cpus_phases_and_adds_how_long_the_
     assert with_gpu["device_busy"] == pytest.approx(3.0)  # [5, 7.5] and [9.5, 10]: the copy overlaps the gemm
     table = profiling.phase_table({"on a GPU": [[{"rank": 0, "steps": 1, **with_gpu}]]})
     assert table.loc["on a GPU", "device_busy"] == 3.0 and table.loc["on a GPU", "data_wait"] == 4.0
+
+
+def test_on_nccl_the_all_reduce_is_read_from_its_kernels_and_its_time_alone_on_the_device():
+    """Two GPU workers: the CPU's `nccl:all_reduce` range covers only the launch; NCCL's kernel ran 2.5 ms on the
+    device, 1 ms of it beside backward's last kernel and 1.5 ms alone, while the CPU waited at the step's end."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name: str, start_ms: float, end_ms: float, device: DeviceType = DeviceType.CPU) -> FunctionEvent:
+        return FunctionEvent(id=0, name=name, thread=1, start_us=start_ms * 1e3, end_us=end_ms * 1e3,
+                             device_type=device)
+
+    cpu = [event("ProfilerStep#1", 0, 12), event("data_wait", 0, 1), event("forward", 1, 3),
+           event("backward", 3, 6), event(f"{profiling.AUTOGRAD}: AddmmBackward0", 4, 5.9),
+           event("nccl:all_reduce", 5.8, 5.85), event("optimizer", 6, 7)]
+    kernels = [event("sm90_xmma_gemm_bwd", 4, 8, DeviceType.CUDA),
+               event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 7, 9.5, DeviceType.CUDA),
+               event("multi_tensor_apply_kernel", 9.5, 11, DeviceType.CUDA)]
+
+    (cpu_view,) = profiling.step_phases(cpu)
+    (step,) = profiling.step_phases(cpu + kernels)
+
+    assert cpu_view["allreduce_total"] == pytest.approx(0.05), "on the CPU: the launch"
+    assert step["allreduce_total"] == pytest.approx(2.5) and step["allreduce_wait"] == pytest.approx(1.5)
+    assert step["backward"] == pytest.approx(3.0), "backward keeps the CPU's launches"
+    assert step["other"] == pytest.approx(12 - 1 - 2 - 3 - 1.5 - 1), "the wait for the GPU at the step's end"
+    assert step["device_busy"] == pytest.approx(7.0)
+    assert profiling.hidden_share(pd.Series(step)) == pytest.approx(1 - 1.5 / 2.5)
+

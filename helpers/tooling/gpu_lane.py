@@ -63,7 +63,7 @@ LESSONS = {lesson.number: lesson for lesson in (
     Lesson("04", "04_checkpoints_and_results.ipynb", 25 * 60),
     Lesson("05", "05_fault_tolerance.ipynb", 50 * 60),
     Lesson("09", "09_capstone_cifar10_vit.ipynb", 60 * 60),
-    Lesson("10", "10_performance.ipynb", 30 * 60),
+    Lesson("10", "10_performance.ipynb", 35 * 60),
     Lesson("11", "11_hyperparameter_search.ipynb", 25 * 60),
     Lesson("12", "12_fsdp.ipynb", 15 * 60),
 )}
