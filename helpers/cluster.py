@@ -284,7 +284,8 @@ def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: boo
 
 def gpus_hold(cfg: CourseConfig, num_workers: int, capacity: Capacity | None = None) -> bool:
     """Whether `num_workers` Ray Train workers get a GPU each here: the course trains on GPUs (`plan_workers`, from
-    COURSE_USE_GPU) and the alive nodes, with those an autoscaler can add, hold that many GPU workers at once."""
+    COURSE_USE_GPU) and the alive nodes, with those an autoscaler can add, hold that many GPU workers at once.
+    Raises ConfigError, as `plan_workers` does, where GPUs are required and the cluster has none and cannot add any."""
     capacity = cluster_capacity() if capacity is None else capacity
     plan = plan_workers(cfg, num_workers, capacity=capacity)
     if not plan.use_gpu:
