@@ -75,7 +75,7 @@ def step_phases(events: list) -> list[dict[str, float]]:
     a copy (NCCL's kernels too, which occupy it while they wait for the other ranks). Its share of the step is how
     busy the GPU was. With NCCL's all-reduce kernels in the trace, the all-reduce is read on the device instead:
     `allreduce_total` is the time they ran, `allreduce_wait` the part of it when no other kernel ran; the CPU waits
-    for it at the step's end, in `other`, and `backward` keeps the CPU's launches.
+    for it at the step's end, so `other` is that wait less `allreduce_wait`, and `backward` keeps the CPU's launches.
     """
     # With ProfilerActivity.CUDA the trace also holds the device's side: its kernels and copies, and the labels
     # again as GPU annotations. The phases are the CPU's; `device_busy` is the time the device ran anything.

@@ -715,7 +715,7 @@ IN_THE_LOOP = [[{"data_wait": wait, "step": 335.0}] for wait in (134.5, 137.3, 1
 
 
 @pytest.mark.parametrize("with_loader_workers,wrong", [
-    ([{"data_wait": 2.9, "step": 231.0}], []),  # loader_workers=1: 1% of the step, as recorded
+    ([{"data_wait": 2.9, "step": 231.0}], []),  # DATA_CPUS (1 here) loader workers: 1% of the step
     ([{"data_wait": 136.2, "step": 334.6}], ["data_wait fell below half of the in-loop profile's"]),  # loader_workers=0
     ([{"data_wait": 2.6, "step": 250.2}, {"data_wait": 2.9, "step": 250.3}],  # 2 workers: not the in-loop run's size
      ["a profile of one rank came back"]),
