@@ -37,12 +37,14 @@ lab: install
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
 
 # The lint step (each tool configured in pyproject.toml): ruff; deptry, every import declared and every declared package
-# used, then no import in helpers/ or the lessons of a package that only the `test` extra installs; mypy over helpers/;
+# used, then no import in helpers/ or the lessons of a package that only the `test` extra installs, then the lessons
+# as IPython runs them (`!cmd` and `%magic` made calls, so that deptry parses every lesson); mypy over helpers/;
 # lint-imports, the layers of helpers/ (drivers above lesson modules above the foundation: no import runs back up).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/deptry .
 	$(BIN)/deptry helpers notebooks --optional-dependencies-dev-groups test --ignore DEP001,DEP002,DEP003
+	$(BIN)/python -m helpers.tooling.notebook_code
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
 
