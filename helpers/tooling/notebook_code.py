@@ -46,5 +46,6 @@ def check_notebooks(notebooks: Path = REPO_ROOT / "notebooks", capture: bool = F
                                IGNORED_RULES, "--optional-dependencies-dev-groups", "test", *(["--no-ansi"] * capture)],
                               cwd=REPO_ROOT, capture_output=capture, text=True)
 
+
 if __name__ == "__main__":
     sys.exit(check_notebooks().returncode)
