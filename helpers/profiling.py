@@ -74,8 +74,9 @@ def step_phases(events: list) -> list[dict[str, float]]:
     (`ProfilerActivity.CUDA`) adds `device_busy`: the milliseconds of the step in which the device ran a kernel or
     a copy (NCCL's kernels too, which occupy it while they wait for the other ranks). Its share of the step is how
     busy the GPU was. With NCCL's all-reduce kernels in the trace, the all-reduce is read on the device instead:
-    `allreduce_total` is the time they ran, `allreduce_wait` the part of it when no other kernel ran; the CPU waits
-    for it at the step's end, so `other` is that wait less `allreduce_wait`, and `backward` keeps the CPU's launches.
+    `allreduce_total` is the time they ran, `allreduce_wait` the part of it after the CPU's last phase when no other
+    kernel ran; the CPU waits for it at the step's end, so `other` is that wait less `allreduce_wait`, and `backward`
+    keeps the CPU's launches.
     """
     # With ProfilerActivity.CUDA the trace also holds the device's side: its kernels and copies, and the labels
     # again as GPU annotations. The phases are the CPU's; `device_busy` is the time the device ran anything.
@@ -100,8 +101,10 @@ def step_phases(events: list) -> list[dict[str, float]]:
         computed = [e.time_range.end for e in inside if e.name.startswith(AUTOGRAD)
                     and _within(e, backward.time_range.start, backward.time_range.end)]
         last_gradient = max(computed, default=backward.time_range.end)
-        if device_allreduces:  # NCCL: the all-reduce's kernels, and their time alone on the device
-            ms["allreduce_wait"] = _exposed_ms(device_allreduces, device_others, start, end)
+        if device_allreduces:  # NCCL: the all-reduce's kernels, and their time alone on the device once the CPU
+            # has launched everything (before that, a starved GPU's NCCL time overlaps the CPU's phases)
+            launched = max(e.time_range.end for e in inside if e.name in PHASES)
+            ms["allreduce_wait"] = _exposed_ms(device_allreduces, device_others, launched, end)
             ms["allreduce_total"] = _union_ms(device_allreduces, start, end)
         else:  # gloo: the CPU's all-reduce after the last gradient, taken out of backward
             ms["allreduce_wait"] = _union_ms(allreduces, last_gradient, backward.time_range.end)

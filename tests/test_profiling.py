@@ -244,3 +244,26 @@ def test_on_nccl_the_all_reduce_is_read_from_its_kernels_and_its_time_alone_on_t
     assert step["device_busy"] == pytest.approx(7.0)
     assert profiling.hidden_share(pd.Series(step)) == pytest.approx(1 - 1.5 / 2.5)
 
+
+def test_on_nccl_an_all_reduce_alone_on_a_starved_gpu_while_the_cpu_launches_is_not_a_wait():
+    """A launch-bound step: the first bucket's all-reduce runs alone on the GPU (3.5-4.5 ms) while the CPU is still in
+    backward; only the 1 ms alone after the CPU's last phase (7-8 ms) is the step's wait for the all-reduce."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name: str, start_ms: float, end_ms: float, device: DeviceType = DeviceType.CPU) -> FunctionEvent:
+        return FunctionEvent(id=0, name=name, thread=1, start_us=start_ms * 1e3, end_us=end_ms * 1e3,
+                             device_type=device)
+
+    cpu = [event("ProfilerStep#1", 0, 9), event("data_wait", 0, 1), event("forward", 1, 3),
+           event("backward", 3, 6), event(f"{profiling.AUTOGRAD}: AddmmBackward0", 3, 5.9),
+           event("nccl:all_reduce", 3.4, 3.45), event("nccl:all_reduce", 5.8, 5.85), event("optimizer", 6, 7)]
+    kernels = [event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 3.5, 4.5, DeviceType.CUDA),
+               event("sm90_xmma_gemm_bwd", 4.5, 6.5, DeviceType.CUDA),
+               event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 6.5, 8, DeviceType.CUDA)]
+
+    (step,) = profiling.step_phases(cpu + kernels)
+
+    assert step["allreduce_total"] == pytest.approx(2.5) and step["allreduce_wait"] == pytest.approx(1.0)
+    assert step["other"] == pytest.approx(9 - 1 - 2 - 3 - 1 - 1) and step["other"] >= 0, "no time counted twice"
+
