@@ -341,10 +341,20 @@ def images_per_s(rounds: list[list[dict]], global_batch_size: int) -> list[float
 
 
 def training_flops_per_image(model: nn.Module, image_shape: tuple[int, ...]) -> float:
-    """FLOPs of one training step per image: the forward pass counted by torch, times 3 (backward is about 2x)."""
+    """FLOPs of one training step per image: the forward pass counted by torch, times 3 (backward is about 2x).
+
+    Attention is counted as the matmuls it is: `FlopCounterMode` has no formula for `nn.MultiheadAttention`'s fused
+    inference path nor for the CPU's fused attention kernel, and would count them as 0 FLOPs.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        model.eval()(torch.zeros(2, *image_shape))
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            model.eval()(torch.zeros(2, *image_shape))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
     return 3 * counter.get_total_flops() / 2

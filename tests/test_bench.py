@@ -59,6 +59,28 @@ def test_training_flops_are_three_forward_passes_per_image():
     assert training_flops_per_image(conv, (3, 8, 8)) == 3 * 2 * (8 * 6 * 6) * (3 * 3 * 3)
 
 
+class SelfAttention(nn.Module):
+    """The ViT's attention: nn.MultiheadAttention over (sequence, features) inputs, batch first."""
+
+    def __init__(self, features: int, heads: int):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(features, heads, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def test_attention_counts_its_projections_and_both_products():
+    # The Q, K, V projections (2 * L * E * 3E), Q @ K^T and weights @ V (2 * L * L * E each), the output projection
+    # (2 * L * E * E). Counted in eval() without gradients, nn.MultiheadAttention takes a fused path that torch's
+    # counter has no formula for: the ViT's attention counted 0, half its FLOPs.
+    sequence, features = 4, 8
+    forward = 2 * sequence * features * 3 * features + 2 * 2 * sequence * sequence * features \
+        + 2 * sequence * features * features
+    assert training_flops_per_image(SelfAttention(features, heads=2), (sequence, features)) == 3 * forward
+    assert torch.backends.mha.get_fastpath_enabled(), "the fast path is back on afterwards"
+
+
 def test_the_device_limits_are_measured():
     cpu = torch.device("cpu")
     assert 0 < bench.matmul_tflops(cpu, torch.float32, size=256, repeats=2) < 100
