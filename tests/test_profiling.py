@@ -187,17 +187,20 @@ def test_an_unknown_cifar_loader_names_the_choices():
         profiling.cifar_loader("unused", "cifar_resized", 8)
 
 
+def event(name: str, start_ms: float, end_ms: float, device=None, annotation: bool = False):
+    """A `profiler.events()` entry as torch builds it (FunctionEvent), from milliseconds; on the CPU by default."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(id=0, name=name, thread=1, start_us=start_ms * 1e3, end_us=end_ms * 1e3,
+                         device_type=DeviceType.CPU if device is None else device, is_user_annotation=annotation)
+
+
 def test_a_trace_with_the_gpus_side_keeps_the_cpus_phases_and_adds_how_long_the_device_was_busy():
     """What `profiler.events()` holds with ProfilerActivity.CUDA, as torch builds it (FunctionEvent): the CPU's
     labelled ranges, the same labels again as GPU annotations, and the device's kernels and copies. A step of 10 ms
     on the CPU whose GPU ran 1 ms of kernels, 2 ms of a copy overlapping 1 ms of them, and 1 ms after the step."""
     from torch.autograd import DeviceType
-    from torch.autograd.profiler_util import FunctionEvent
-
-    def event(name: str, start_ms: float, end_ms: float, device: DeviceType = DeviceType.CPU,
-              annotation: bool = False) -> FunctionEvent:
-        return FunctionEvent(id=0, name=name, thread=1, start_us=start_ms * 1e3, end_us=end_ms * 1e3,
-                             device_type=device, is_user_annotation=annotation)
 
     cpu = [event("ProfilerStep#1", 0, 10), event("data_wait", 0, 4), event("forward", 4, 6),
            event("backward", 6, 8), event("optimizer", 8, 10)]
@@ -221,11 +224,6 @@ def test_on_nccl_the_all_reduce_is_read_from_its_kernels_and_its_time_alone_on_t
     """Two GPU workers: the CPU's `nccl:all_reduce` range covers only the launch; NCCL's kernel ran 2.5 ms on the
     device, 1 ms of it beside backward's last kernel and 1.5 ms alone, while the CPU waited at the step's end."""
     from torch.autograd import DeviceType
-    from torch.autograd.profiler_util import FunctionEvent
-
-    def event(name: str, start_ms: float, end_ms: float, device: DeviceType = DeviceType.CPU) -> FunctionEvent:
-        return FunctionEvent(id=0, name=name, thread=1, start_us=start_ms * 1e3, end_us=end_ms * 1e3,
-                             device_type=device)
 
     cpu = [event("ProfilerStep#1", 0, 12), event("data_wait", 0, 1), event("forward", 1, 3),
            event("backward", 3, 6), event(f"{profiling.AUTOGRAD}: AddmmBackward0", 4, 5.9),
@@ -249,11 +247,6 @@ def test_on_nccl_an_all_reduce_alone_on_a_starved_gpu_while_the_cpu_launches_is_
     """A launch-bound step: the first bucket's all-reduce runs alone on the GPU (3.5-4.5 ms) while the CPU is still in
     backward; only the 1 ms alone after the CPU's last phase (7-8 ms) is the step's wait for the all-reduce."""
     from torch.autograd import DeviceType
-    from torch.autograd.profiler_util import FunctionEvent
-
-    def event(name: str, start_ms: float, end_ms: float, device: DeviceType = DeviceType.CPU) -> FunctionEvent:
-        return FunctionEvent(id=0, name=name, thread=1, start_us=start_ms * 1e3, end_us=end_ms * 1e3,
-                             device_type=device)
 
     cpu = [event("ProfilerStep#1", 0, 9), event("data_wait", 0, 1), event("forward", 1, 3),
            event("backward", 3, 6), event(f"{profiling.AUTOGRAD}: AddmmBackward0", 3, 5.9),
