@@ -182,16 +182,23 @@ class WorkerPlan:
 
 def _cpus_each(hosts: list[dict[str, float]], num_workers: int, one_gpu_each: bool, reserve_for_data: float) -> float:
     """The most whole CPUs each worker can have with all `num_workers` placed on `hosts` (with `one_gpu_each`, at
-    most one per GPU of a node) and `reserve_for_data` CPUs left over; a fraction only when that leaves less than
-    one CPU each."""
-    total = sum(node.get("CPU", 0.0) for node in hosts)
+    most one per GPU of a node), every node that hosts one keeping `reserve_for_data` CPUs free for the input (its
+    DataLoader's processes run on the worker's node; Ray Data's tasks, placed by Ray, there too when the cluster is
+    one node); a fraction only when that leaves less than one CPU each."""
+    def placed(cpus: float) -> int:
+        return sum(min(math.floor(node.get("GPU", 0.0)) if one_gpu_each else num_workers,
+                       math.floor((node.get("CPU", 0.0) - reserve_for_data) / cpus + 1e-9)) for node in hosts
+                   if node.get("CPU", 0.0) - reserve_for_data >= cpus)
+
     for cpus in range(math.floor(max(node.get("CPU", 0.0) for node in hosts)), 0, -1):
-        placed = sum(min(math.floor(node.get("GPU", 0.0)) if one_gpu_each else num_workers,
-                         math.floor(node.get("CPU", 0.0) / cpus)) for node in hosts)
-        if placed >= num_workers and total - num_workers * cpus >= reserve_for_data:
+        if placed(cpus) >= num_workers:
             return float(cpus)
-    if reserve_for_data and total > reserve_for_data:
-        return round(max((total - reserve_for_data) / num_workers, 0.1), 2)
+    if reserve_for_data:  # the largest fraction that still places them: a node's spare CPUs shared by k workers
+        shares = [math.floor((node.get("CPU", 0.0) - reserve_for_data) / k * 100) / 100 for node in hosts
+                  for k in range(1, num_workers + 1)]
+        fitting = [share for share in shares if share >= 0.1 and placed(share) >= num_workers]
+        if fitting:
+            return max(fitting)
     return 1.0  # more workers than these nodes hold: check_resources says what to change
 
 
@@ -216,7 +223,7 @@ def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: boo
 
     On GPUs: one worker per GPU, each with its node's CPUs per GPU, for its DataLoader's worker processes. On CPUs:
     COURSE_NUM_WORKERS (default 2), each with the most whole CPUs that still place every worker on the nodes with
-    CPUs, after keeping `reserve_for_data` CPUs for Ray Data. When `datasets` stream (see `streaming`), Ray Data's
+    CPUs, after keeping `reserve_for_data` CPUs of each worker's node for its input. When `datasets` stream (see `streaming`), Ray Data's
     tasks need CPUs while training runs: a GPU worker then reserves GPU_WORKER_CPUS_WHEN_STREAMING and leaves the
     rest of its node to Ray Data; CPU workers leave at least DATA_CPUS_WHEN_STREAMING. Materialized datasets need
     no CPU, and none is kept. COURSE_CPUS_PER_WORKER fixes the CPUs instead. Nodes an autoscaler can add count when

@@ -80,6 +80,21 @@ def test_keeping_cpus_for_ray_data():
                         capacity=Capacity([{"CPU": 16.0}])).resources_per_worker == {"CPU": 7.0}
 
 
+def test_cpus_kept_for_the_input_stay_on_the_workers_own_node():
+    # Lesson 10 section 05: one worker, its node's other CPUs free for its input. Counted over the cluster, the 15
+    # CPUs of a second node would have let the worker take all 16 of its own.
+    two_gpu_nodes = Capacity([{"CPU": 0.0}, {"CPU": 16.0, "GPU": 1.0}, {"CPU": 16.0, "GPU": 1.0}])
+    assert plan_workers(load_config({}), 1, reserve_for_data=15, capacity=two_gpu_nodes).resources_per_worker == {
+        "CPU": 1.0, "GPU": 1.0}
+    assert plan_workers(load_config({}), 2, reserve_for_data=15, capacity=two_gpu_nodes).resources_per_worker == {
+        "CPU": 1.0, "GPU": 1.0}, "a worker on each node, each node keeping 15"
+    two_cpu_nodes = Capacity([{"CPU": 8.0}, {"CPU": 8.0}])
+    assert plan_workers(load_config({}), 1, reserve_for_data=7, capacity=two_cpu_nodes).resources_per_worker == {
+        "CPU": 1.0}
+    assert plan_workers(load_config({}), 3, reserve_for_data=7, capacity=two_cpu_nodes).resources_per_worker == {
+        "CPU": 0.5}, "three workers: two share one node's spare CPU"
+
+
 def test_a_single_gpu_machine_just_works_with_the_defaults():
     gpu = plan(ONE_GPU_MACHINE)
     assert (gpu.num_workers, gpu.use_gpu, gpu.resources_per_worker) == (1, True, {"CPU": 16.0, "GPU": 1.0})
