@@ -31,6 +31,8 @@ from torch import nn
 from torch.autograd import DeviceType
 from torch.utils.data import DataLoader, Dataset
 
+from helpers.training import has_a_gpu
+
 #: The labels the profiled loop gives the phases of a step, in order.
 PHASES = ("data_wait", "forward", "backward", "optimizer")
 #: The columns of a step's split, in order; they add up to the step.
@@ -135,7 +137,7 @@ def start_kineto_quietly() -> None:
         return
     # Kineto starts once per process, for the activities of its first profile: the GPU's too where there is one
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    if has_a_gpu():  # in a Ray worker: one Ray gave it (a CPU worker on a GPU machine sees every GPU)
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
@@ -336,7 +338,7 @@ def hidden_share(phases: pd.Series) -> float:
 
 
 def images_per_s(rounds: list[list[dict]], global_batch_size: int) -> list[float]:
-    """Images per second of each round: the global batch over the slowest rank's median step."""
+    """Images per second of each round: the global batch over the slowest rank's mean step (`StepTrace.phases`)."""
     return [global_batch_size / (max(rank["step"] for rank in ranks) / 1e3) for ranks in rounds]
 
 

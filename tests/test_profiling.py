@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import pandas as pd
@@ -164,6 +165,20 @@ def test_a_step_trace_keeps_kinetos_thread_complaint_out_of_stderr(before, noise
     run = subprocess.run([sys.executable, "-c", PROFILE_IN_A_THREAD.format(before=before)], capture_output=True,
                          text=True, env={**os.environ, "KINETO_LOG_LEVEL": "6"}, check=True)
     assert ("External init callback must run in same thread" in run.stderr) == noise, run.stderr
+
+
+@pytest.mark.parametrize(("ray_gave_a_gpu", "activities"), [(False, [ProfilerActivity.CPU]),
+                                                             (True, [ProfilerActivity.CPU, ProfilerActivity.CUDA])])
+def test_kineto_starts_with_the_gpu_only_in_a_process_that_has_one(monkeypatch, ray_gave_a_gpu, activities):
+    # A GPU machine: torch sees its GPUs in every Ray worker, those Ray gave none too (Ray 2.60 leaves their
+    # CUDA_VISIBLE_DEVICES alone). has_a_gpu (tests/test_cluster_ray.py) says whether Ray gave this one a GPU.
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profiling, "has_a_gpu", lambda: ray_gave_a_gpu)
+    monkeypatch.setattr(profiling, "_kineto_started", False)
+    monkeypatch.setattr(torch.profiler, "profile", lambda activities: started.append(activities) or nullcontext())
+    profiling.start_kineto_quietly()
+    assert started == [activities]
 
 
 @pytest.mark.parametrize("source", profiling.CIFAR_LOADERS)
