@@ -181,10 +181,11 @@ class WorkerPlan:
 
 
 def _cpus_each(hosts: list[dict[str, float]], num_workers: int, one_gpu_each: bool, reserve_for_data: float) -> float:
-    """The most whole CPUs each worker can have with all `num_workers` placed on `hosts` (with `one_gpu_each`, at
-    most one per GPU of a node), every node that hosts one keeping `reserve_for_data` CPUs free for the input (its
-    DataLoader's processes run on the worker's node; Ray Data's tasks, placed by Ray, there too when the cluster is
-    one node); a fraction only when that leaves less than one CPU each."""
+    """The most whole CPUs each worker can have such that all `num_workers` fit on `hosts` (with `one_gpu_each`, at
+    most one per GPU of a node) with every node that hosts one keeping `reserve_for_data` CPUs free for the input
+    (its DataLoader's processes run on the worker's node); a fraction only when that leaves less than one CPU each.
+    On one node, or with one worker, the reserve holds; on several nodes Ray Train places the workers itself (PACK
+    by default) and may put more of them on a node than this count assumes."""
     def placed(cpus: float) -> int:
         return sum(min(math.floor(node.get("GPU", 0.0)) if one_gpu_each else num_workers,
                        math.floor((node.get("CPU", 0.0) - reserve_for_data) / cpus + 1e-9)) for node in hosts
