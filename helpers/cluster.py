@@ -181,26 +181,37 @@ class WorkerPlan:
 
 
 def _cpus_each(hosts: list[dict[str, float]], num_workers: int, one_gpu_each: bool, reserve_for_data: float) -> float:
-    """The most whole CPUs each worker can have such that all `num_workers` fit on `hosts` (with `one_gpu_each`, at
-    most one per GPU of a node) with every node that hosts one keeping `reserve_for_data` CPUs free for the input
-    (its DataLoader's processes run on the worker's node); a fraction only when that leaves less than one CPU each.
-    On one node, or with one worker, the reserve holds; on several nodes Ray Train places the workers itself (PACK
-    by default) and may put more of them on a node than this count assumes."""
-    def placed(cpus: float) -> int:
+    """The most CPUs each worker can have with all `num_workers` placed on `hosts` (with `one_gpu_each`, at most one
+    per GPU of a node) and `reserve_for_data` CPUs kept for the input.
+
+    Where the nodes allow it, every node that hosts a worker keeps the reserve, so the input's processes (a
+    DataLoader's, or Ray Data's placed near the worker) find CPUs beside it: whole CPUs first, then a fraction. Nodes
+    too small for that (say two 1-CPU nodes and a reserve of 1) keep it over the cluster instead, where Ray Data's
+    tasks can run on any node. On several nodes this is a count, not a placement: Ray Train places the workers
+    itself (PACK by default) and may put more of them on a node than the count assumes.
+    """
+    def placed(cpus: float, reserve: float) -> int:
         return sum(min(math.floor(node.get("GPU", 0.0)) if one_gpu_each else num_workers,
-                       math.floor((node.get("CPU", 0.0) - reserve_for_data) / cpus + 1e-9)) for node in hosts
-                   if node.get("CPU", 0.0) - reserve_for_data >= cpus)
+                       math.floor((node.get("CPU", 0.0) - reserve) / cpus + 1e-9)) for node in hosts
+                   if node.get("CPU", 0.0) - reserve >= cpus)
 
     for cpus in range(math.floor(max(node.get("CPU", 0.0) for node in hosts)), 0, -1):
-        if placed(cpus) >= num_workers:
+        if placed(cpus, reserve_for_data) >= num_workers:
             return float(cpus)
-    if reserve_for_data:  # the largest fraction that still places them: a node's spare CPUs shared by k workers
-        shares = [math.floor((node.get("CPU", 0.0) - reserve_for_data) / k * 100) / 100 for node in hosts
-                  for k in range(1, num_workers + 1)]
-        fitting = [share for share in shares if share >= 0.1 and placed(share) >= num_workers]
-        if fitting:
-            return max(fitting)
-    return 1.0  # more workers than these nodes hold: check_resources says what to change
+    if not reserve_for_data:
+        return 1.0  # more workers than these nodes hold: check_resources says what to change
+    # A fraction: a node's spare CPUs shared by k workers, the largest that still places them all.
+    shares = [math.floor((node.get("CPU", 0.0) - reserve_for_data) / k * 100) / 100 for node in hosts
+              for k in range(1, num_workers + 1)]
+    fitting = [share for share in shares if share >= 0.1 and placed(share, reserve_for_data) >= num_workers]
+    if fitting:
+        return max(fitting)
+    total = sum(node.get("CPU", 0.0) for node in hosts)  # no node can keep the reserve: keep it over the cluster
+    if total > reserve_for_data:
+        share = math.floor(max((total - reserve_for_data) / num_workers, 0.1) * 100) / 100
+        if placed(share, 0.0) >= num_workers:
+            return share
+    return 1.0
 
 
 def _streaming_cpus(hosts: list[dict[str, float]], num_workers: int, gpu: bool) -> float:

@@ -93,6 +93,11 @@ def test_cpus_kept_for_the_input_stay_on_the_workers_own_node():
         "CPU": 1.0}
     assert plan_workers(load_config({}), 3, reserve_for_data=7, capacity=two_cpu_nodes).resources_per_worker == {
         "CPU": 0.5}, "three workers: two share one node's spare CPU"
+    # Nodes too small to keep it beside a worker (tests/test_multinode.py's cluster): kept over the cluster instead,
+    # where Ray Data's tasks can run on any node.
+    one_cpu_nodes = Capacity([{"CPU": 0.0}, {"CPU": 1.0}, {"CPU": 1.0}])
+    assert plan_workers(load_config({}), 2, reserve_for_data=1, capacity=one_cpu_nodes).resources_per_worker == {
+        "CPU": 0.5}
 
 
 def test_a_single_gpu_machine_just_works_with_the_defaults():
