@@ -236,11 +236,11 @@ def plan_workers(cfg: CourseConfig, num_workers: int | None = None, use_gpu: boo
     On GPUs: one worker per GPU, each with its node's CPUs per GPU, for its DataLoader's worker processes. On CPUs:
     COURSE_NUM_WORKERS (default 2), each with the most whole CPUs that still place every worker on the nodes with
     CPUs, after keeping `reserve_for_data` CPUs for the input (beside each worker where the nodes allow it, see
-    `_cpus_each`). When `datasets` stream (see `streaming`), Ray Data's tasks need CPUs while training runs: a GPU worker then reserves
-    GPU_WORKER_CPUS_WHEN_STREAMING and leaves the rest of its node to Ray Data; CPU workers leave at least
-    DATA_CPUS_WHEN_STREAMING. Materialized datasets need no CPU, and none is kept. COURSE_CPUS_PER_WORKER fixes the
-    CPUs instead. Nodes an autoscaler can add count when Ray reports their types. Raises ConfigError when GPUs are
-    required and the cluster has none and cannot add any.
+    `_cpus_each`). When `datasets` stream (see `streaming`), Ray Data's tasks need CPUs while training runs: a GPU
+    worker then reserves GPU_WORKER_CPUS_WHEN_STREAMING and leaves the rest of its node to Ray Data; CPU workers
+    leave at least DATA_CPUS_WHEN_STREAMING. Materialized datasets need no CPU, and none is kept.
+    COURSE_CPUS_PER_WORKER fixes the CPUs instead. Nodes an autoscaler can add count when Ray reports their types.
+    Raises ConfigError when GPUs are required and the cluster has none and cannot add any.
     """
     capacity = cluster_capacity() if capacity is None else capacity
     types_unknown = capacity.can_grow and not capacity.groups  # an autoscaler whose node types Ray does not report
