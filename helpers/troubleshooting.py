@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import glob
+import json
+import os
 import re
 import resource
 import shutil
@@ -20,6 +23,7 @@ from helpers.data_stats import ITERATOR_LINES as ITERATOR_LINES  # lesson 06 (an
 from helpers.data_stats import iterator_times as iterator_times
 from helpers.rounds import ranges_verdict
 from helpers.system import wait_until
+from helpers.tooling import ray_internals
 
 # --- Lab A: the stack of each rank ---------------------------------------------------------------------------
 
@@ -215,6 +219,44 @@ def watch_train_metrics(run_name: str, until: Callable[[], bool], interval_s: fl
         print(f"no metric of {run_name} was on the endpoints while it ran: it ended within "
               f"{METRICS_EXPORT_INTERVAL_S} s of the values it set")
     return train_metrics_table(seen)
+
+
+# --- Section 02: where a fit()'s start-up went, from Ray Train's controller log ------------------------------------
+
+def controller_records(run_name: str, log_dir: str | None = None) -> list[dict]:
+    """Ray Train's controller log records (JSON lines, DEBUG included) of the run `run_name`, in order.
+
+    The controller writes them on its node, under the session's `logs/train/` (`ray-train-sys-controller-*.log`, every
+    level): run this on that node, the driver's, where Ray Train always places the controller.
+    """
+    if log_dir is None:
+        log_dir = ray_internals.train_log_dir()
+    records = []
+    for path in glob.glob(os.path.join(log_dir, ray_internals.TRAIN_CONTROLLER_LOGS)):
+        with open(path) as lines:
+            records += [record for record in map(json.loads, lines) if record.get("run_name") == run_name]
+    return sorted(records, key=lambda record: record["timestamp_ns"])
+
+
+def startup_phases(records: list[dict]) -> dict[str, float]:
+    """Seconds of each phase of the first worker group's start-up, as the controller measured them.
+
+    `controller_setup` is the controller's own time from its first record to asking for the worker group; every
+    figure comes from one process' clock, so none mixes the clocks of two hosts.
+    """
+    phases = {}
+    for record in records:
+        message = record["message"]
+        if "controller_setup" not in phases and message.startswith(ray_internals.TRAIN_WORKER_GROUP_REQUESTED):
+            phases["controller_setup"] = (record["timestamp_ns"] - records[0]["timestamp_ns"]) / 1e9
+        for phase, pattern in ray_internals.TRAIN_STARTUP_PHASES.items():
+            if phase not in phases and (match := re.search(pattern, message)):
+                phases[phase] = float(match.group(1))
+    missing = {"controller_setup", *ray_internals.TRAIN_STARTUP_PHASES} - set(phases)
+    if missing:
+        raise RuntimeError(f"Ray Train's controller log has no record of {sorted(missing)}: is this Ray 2.60, with "
+                           "RAY_TRAIN_ENABLE_CONTROLLER_STRUCTURED_LOGGING unset or 1?")
+    return phases
 
 
 # --- Lab E: memory ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """helpers.troubleshooting on the course's local Ray: iterator timings from a real Ray Data shard iterator, and Ray
 Train's metrics as the nodes' Prometheus endpoints serve them while a real run goes on (lesson 06, section 02), and
-that run's controller log read by helpers.tooling.bench (every start-up phase, against the pinned Ray)."""
+that run's controller log read as lesson 06 reads it (every start-up phase, against the pinned Ray)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,13 @@ from ray.train import RunConfig
 from ray.train.torch import TorchTrainer
 
 from helpers.cluster import course_scaling_config
-from helpers.tooling import bench
-from helpers.troubleshooting import METRICS_EXPORT_INTERVAL_S, iterator_times, watch_train_metrics
+from helpers.troubleshooting import (
+    METRICS_EXPORT_INTERVAL_S,
+    controller_records,
+    iterator_times,
+    startup_phases,
+    watch_train_metrics,
+)
 
 pytestmark = pytest.mark.ray  # every test here starts Ray or uses a Ray cluster
 
@@ -56,7 +61,7 @@ def test_a_run_s_metrics_are_read_while_it_runs_and_its_controller_log_has_every
     reports = table.loc["inside ray.train.report()"]
     assert reports["controller"] == "" and all(float(reports[rank].removesuffix(" s")) > 0
                                                for rank in ("rank 0", "rank 1")), table
-    # The same run's controller log, against the pinned Ray: it has every start-up phase bench.startup_phases reads.
-    phases = bench.startup_phases(bench.controller_records("watched"))
+    # The same run's controller log, against the pinned Ray: it has every start-up phase startup_phases reads.
+    phases = startup_phases(controller_records("watched"))
     parts = sum(seconds for phase, seconds in phases.items() if phase not in ("worker_group_total", "controller_setup"))
     assert 0 < parts <= phases["worker_group_total"] + 0.05, phases

@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-import glob
 import itertools
-import json
-import os
-import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,8 +18,8 @@ from helpers.data import load_mnist
 from helpers.models import resnet18_mnist
 from helpers.profiling import training_flops_per_image
 from helpers.rounds import compare, run_rounds, spread
-from helpers.tooling import ray_internals
 from helpers.training import seed_everything
+from helpers.troubleshooting import controller_records, startup_phases
 
 GLOBAL_BATCH_SIZE = 128
 
@@ -192,41 +188,6 @@ def plain_loop_images_per_s(data_dir: str, steps: int, warmup: int = 2) -> float
     seed_everything(0)
     loader = DataLoader(load_mnist(data_dir, train=True), batch_size=GLOBAL_BATCH_SIZE, shuffle=True)
     return loop_images_per_s(resnet18_mnist(), iter(loader), steps, warmup, device=device)
-
-
-def controller_records(run_name: str, log_dir: str | None = None) -> list[dict]:
-    """Ray Train's controller log records (JSON lines, DEBUG included) of the run `run_name`, in order.
-
-    The controller writes them on its node, under the session's `logs/train/`: run this on that node (the driver's,
-    where the controller runs by default).
-    """
-    if log_dir is None:
-        log_dir = ray_internals.train_log_dir()
-    records = []
-    for path in glob.glob(os.path.join(log_dir, ray_internals.TRAIN_CONTROLLER_LOGS)):
-        with open(path) as lines:
-            records += [record for record in map(json.loads, lines) if record.get("run_name") == run_name]
-    return sorted(records, key=lambda record: record["timestamp_ns"])
-
-
-def startup_phases(records: list[dict]) -> dict[str, float]:
-    """Seconds of each phase of the first worker group's start-up, as the controller measured them.
-
-    `controller_setup` is the controller's own time from its first record to asking for the worker group; every
-    figure comes from one process' clock, so none mixes the clocks of two hosts.
-    """
-    phases = {}
-    for record in records:
-        message = record["message"]
-        if "controller_setup" not in phases and message.startswith(ray_internals.TRAIN_WORKER_GROUP_REQUESTED):
-            phases["controller_setup"] = (record["timestamp_ns"] - records[0]["timestamp_ns"]) / 1e9
-        for phase, pattern in ray_internals.TRAIN_STARTUP_PHASES.items():
-            if phase not in phases and (match := re.search(pattern, message)):
-                phases[phase] = float(match.group(1))
-    missing = {"controller_setup", *ray_internals.TRAIN_STARTUP_PHASES} - set(phases)
-    if missing:
-        raise RuntimeError(f"Ray Train's controller log has no record of {sorted(missing)}: is this Ray 2.60?")
-    return phases
 
 
 def rest_of_fit(fit: dict[str, dict]) -> float:
