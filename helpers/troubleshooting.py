@@ -1,4 +1,4 @@
-"""Measurements lesson 06 uses: a run's start-up phases, a rank's stack, an iterator's own clock, memory limits and use."""
+"""Measurements lesson 06 uses: a run's start-up phases, a rank's stack, an iterator's clock, memory limits and use."""
 
 from __future__ import annotations
 
