@@ -1,13 +1,10 @@
-"""helpers.tooling.bench: its timed loop, the FLOP counts it reports, its start-up phases, its report.
+"""helpers.tooling.bench: its timed loop, the FLOP counts it reports, its report.
 
-Statistics: test_rounds; FLOP counts come from helpers.profiling.
-
-Against the pinned Ray's controller log: tests/test_troubleshooting_ray.py (its watched run).
+Statistics: test_rounds; FLOP counts come from helpers.profiling; the start-up phases it reads, from
+helpers.troubleshooting: tests/test_troubleshooting.py.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -85,35 +82,6 @@ def test_the_device_limits_are_measured():
     cpu = torch.device("cpu")
     assert 0 < bench.matmul_tflops(cpu, torch.float32, size=256, repeats=2) < 100
     assert 0 < bench.copy_gb_per_s(cpu, size_mb=8, repeats=2) < 10_000
-
-
-def _record(run_name: str, seconds: float, message: str) -> dict:
-    return {"run_name": run_name, "timestamp_ns": int(seconds * 1e9), "message": message}
-
-
-CONTROLLER_LOG = [  # the messages Ray 2.60's controller writes as it starts a worker group
-    (0.0, "No checkpoint manager snapshot found."),
-    (2.5, "Attempting to start training worker group of size 2 with the following resources: [{'CPU': 1}] * 2"),
-    (2.6, "[Worker Group Initialization] Placement group ready in 0.01s."),
-    (8.0, "[Worker Group Initialization] 2 worker actors created in 5.53s."),
-    (12.6, "[Worker Group Initialization] Train context initialized on workers in 4.60s."),
-    (12.7, "[Worker Group Initialization] after_worker_group_start callbacks completed in 0.13s.\n  breakdown"),
-    (12.8, "[Worker Group Initialization] Train function launched on workers in 0.02s."),
-    (12.9, "[Worker Group Initialization] Worker group startup completed in 10.36s total."),
-]
-
-
-def test_startup_phases_read_the_controllers_own_clock(tmp_path):
-    lines = [_record("mine", t, m) for t, m in CONTROLLER_LOG] + [_record("other", 1.0, CONTROLLER_LOG[2][1])]
-    (tmp_path / "ray-train-sys-controller-abc.log").write_text("\n".join(map(json.dumps, lines[::-1])) + "\n")
-    (tmp_path / "ray-train-app-controller-abc.log").write_text("not read\n")
-    records = bench.controller_records("mine", str(tmp_path))
-    assert [r["message"] for r in records] == [m for _, m in CONTROLLER_LOG]
-    assert bench.startup_phases(records) == {
-        "controller_setup": 2.5, "placement_group": 0.01, "worker_processes": 5.53, "train_context": 4.60,
-        "process_group_and_callbacks": 0.13, "train_function_shipped": 0.02, "worker_group_total": 10.36}
-    with pytest.raises(RuntimeError, match="train_context"):
-        bench.startup_phases(records[:4])
 
 
 def test_the_command_line_takes_parts_and_flags_in_any_order():

@@ -1,10 +1,11 @@
 """helpers.troubleshooting: the measurements lesson 06's labs rely on.
 
-From a real Ray Data shard iterator: tests/test_troubleshooting_ray.py.
+From a real Ray Data shard iterator, and against the pinned Ray's controller log: tests/test_troubleshooting_ray.py.
 """
 
 from __future__ import annotations
 
+import json
 import select
 import subprocess
 import sys
@@ -16,10 +17,12 @@ import torch
 from helpers.troubleshooting import (
     ITERATOR_LINES,
     compare_rounds,
+    controller_records,
     iterator_times,
     memory_limit,
     native_stack,
     process_memory_mb,
+    startup_phases,
     training_thread,
     worker_stack,
 )
@@ -186,3 +189,32 @@ def test_train_metrics_table_orders_metrics_and_ranks_and_leaves_missing_values_
     assert table.loc["starting the worker group"].tolist() == ["12.25 s", "", ""]
     assert table.loc["inside ray.train.report()"].tolist() == ["", "2.50 s", "1.00 s"]
     assert train_metrics_table({}).empty
+
+
+def _record(run_name: str, seconds: float, message: str) -> dict:
+    return {"run_name": run_name, "timestamp_ns": int(seconds * 1e9), "message": message}
+
+
+CONTROLLER_LOG = [  # the messages Ray 2.60's controller writes as it starts a worker group
+    (0.0, "No checkpoint manager snapshot found."),
+    (2.5, "Attempting to start training worker group of size 2 with the following resources: [{'CPU': 1}] * 2"),
+    (2.6, "[Worker Group Initialization] Placement group ready in 0.01s."),
+    (8.0, "[Worker Group Initialization] 2 worker actors created in 5.53s."),
+    (12.6, "[Worker Group Initialization] Train context initialized on workers in 4.60s."),
+    (12.7, "[Worker Group Initialization] after_worker_group_start callbacks completed in 0.13s.\n  breakdown"),
+    (12.8, "[Worker Group Initialization] Train function launched on workers in 0.02s."),
+    (12.9, "[Worker Group Initialization] Worker group startup completed in 10.36s total."),
+]
+
+
+def test_startup_phases_read_the_controllers_own_clock(tmp_path):
+    lines = [_record("mine", t, m) for t, m in CONTROLLER_LOG] + [_record("other", 1.0, CONTROLLER_LOG[2][1])]
+    (tmp_path / "ray-train-sys-controller-abc.log").write_text("\n".join(map(json.dumps, lines[::-1])) + "\n")
+    (tmp_path / "ray-train-app-controller-abc.log").write_text("not read\n")
+    records = controller_records("mine", str(tmp_path))
+    assert [r["message"] for r in records] == [m for _, m in CONTROLLER_LOG]
+    assert startup_phases(records) == {
+        "controller_setup": 2.5, "placement_group": 0.01, "worker_processes": 5.53, "train_context": 4.60,
+        "process_group_and_callbacks": 0.13, "train_function_shipped": 0.02, "worker_group_total": 10.36}
+    with pytest.raises(RuntimeError, match="train_context"):
+        startup_phases(records[:4])

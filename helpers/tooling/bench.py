@@ -40,12 +40,10 @@ from helpers.tooling.bench_parts import (
     bench_data,
     bench_ddp,
     bench_device,
-    controller_records,
     copy_gb_per_s,
     loop_images_per_s,
     matmul_tflops,
     rest_of_fit,
-    startup_phases,
 )
 from helpers.tooling.bench_report import (
     PARTS,
@@ -68,8 +66,8 @@ DEVICE_STEPS = {"cpu": (20, 2), "cuda": (200, 100)}
 QUICK_DEVICE_STEPS = (2, 1)
 
 __all__ = [  # what lessons 03 and 10 and the tests use as `bench.<name>`, from the modules that hold it
-    "PARTS", "comparisons_table", "controller_records", "copy_gb_per_s", "figures_table", "format_report",
-    "loop_images_per_s", "main", "matmul_tflops", "parse_args", "recorded_report", "rest_of_fit", "startup_phases",
+    "PARTS", "comparisons_table", "copy_gb_per_s", "figures_table", "format_report",
+    "loop_images_per_s", "main", "matmul_tflops", "parse_args", "recorded_report", "rest_of_fit",
 ]
 
 
