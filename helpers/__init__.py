@@ -14,8 +14,8 @@ it lists:
                                           tooling.bench, training
     04_checkpoints_and_results            display, exercises, inference, ingest, models, plots, results, runs, training
     05_fault_tolerance                    exercises, fault_tolerance, ingest, models, results, runs
-    06_observability_and_troubleshooting  cluster, display, exercises, ingest, models, runs, session, storage,
-                                          troubleshooting
+    06_observability_and_troubleshooting  cluster, display, exercises, ingest, models, runs, session, sharding,
+                                          storage, troubleshooting
     07_ray_jobs                           data, exercises, logs, storage, tooling.local_cluster
     08_kuberay                            config, data, exercises, tooling.kuberay
     09_capstone_cifar10_vit               capstone, cifar, cluster, config, display, exercises, fault_tolerance, ingest,
